@@ -1,0 +1,113 @@
+"""The small Python API.
+
+    from anchorspec import load
+    engine = load("smollm2-135m-instruct", drafter="checkpoints/...", dtype="float32")
+    result = engine.generate("Why is the sky blue?", chat=True, max_new_tokens=64)
+    print(result.text, result.stats.tau)
+
+`drafter=None` gives plain decoding with the project's own loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
+from .decode.propose import EagleProposer
+from .decode.sampling import SamplingParams
+from .decode.tree import TreeShape
+from .errors import AnchorspecError
+from .models.drafter import Eagle3Drafter, load_drafter
+from .models.target import Target, load_target, parse_dtype
+
+DEFAULT_TREE = TreeShape(top_k=8, depth=6, total_tokens=32)
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: "GenerationStats"  # noqa: F821
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict()}
+
+
+def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
+    """Check that a drafter fits a target, then share the embedding and set the aux layers."""
+    c = drafter.config
+    if c.target_hidden_size != target.hidden_size:
+        raise AnchorspecError(
+            f"drafter target_hidden_size={c.target_hidden_size} but the target's hidden size is {target.hidden_size}"
+        )
+    if c.vocab_size != target.vocab_size:
+        raise AnchorspecError(f"drafter vocab_size={c.vocab_size} but the target's vocabulary has {target.vocab_size} tokens")
+    if c.hidden_size != target.embed_weight.shape[1]:
+        raise AnchorspecError(
+            f"drafter hidden_size={c.hidden_size} differs from the target embedding width {target.embed_weight.shape[1]}"
+        )
+    target.set_aux_layers(c.eagle_aux_hidden_state_layer_ids or None)
+    drafter.bind_target_embedding(target.embed_weight)
+
+
+class Engine:
+    def __init__(self, target: Target, drafter: Eagle3Drafter | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.proposer = None
+        if drafter is not None:
+            attach_drafter(target, drafter)
+            self.proposer = EagleProposer(drafter)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def encode(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        tok = self.tokenizer
+        if tok is None:
+            raise AnchorspecError("this target has no tokenizer; pass token ids instead of text")
+        if not chat:
+            return tok(prompt, add_special_tokens=True)["input_ids"]
+        if not tok.chat_template:
+            raise AnchorspecError("--chat needs a tokenizer with a chat template; this target has none")
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": prompt}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        ids = set()
+        eos = getattr(self.target.model.generation_config, "eos_token_id", None) or self.target.config.eos_token_id
+        for e in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if e is not None:
+                ids.add(int(e))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return tuple(sorted(ids))
+
+    def generate(self, prompt: str | list[int] | torch.Tensor, *, chat: bool = False, system: str | None = None,
+                 max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 seed: int | None = None, shape: TreeShape | None = None, speculative: bool = True) -> Completion:
+        ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else prompt
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature, top_p, top_k),
+                               seed=seed, stop_token_ids=self.stop_token_ids())
+        if speculative and self.proposer is not None:
+            res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg, shape or DEFAULT_TREE)
+        else:
+            res = generate_vanilla(self.target, ids, cfg)
+        text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return Completion(text, res.token_ids, res.finish_reason, res.stats)
+
+
+def load(target: str, drafter: str | None = None, dtype: str = "float32", threads: int | None = None) -> Engine:
+    if threads:
+        torch.set_num_threads(threads)
+    torch_dtype = parse_dtype(dtype)
+    d = load_drafter(drafter, torch_dtype) if drafter else None
+    aux = d.config.eagle_aux_hidden_state_layer_ids if d is not None else None
+    return Engine(load_target(target, torch_dtype, aux_layer_ids=aux), d)

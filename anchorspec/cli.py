@@ -1,0 +1,165 @@
+"""Command line: a thin layer over the API. Bad input ends in one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import AnchorspecError
+
+
+def _tree_arg(text: str):
+    from .decode.tree import TreeShape
+
+    try:
+        top_k, depth, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise AnchorspecError(f"--tree expects TOP_K,DEPTH,TOTAL (three integers), got {text!r}") from None
+    return TreeShape(top_k, depth, total)
+
+
+def read_prompts(path: str) -> list[str]:
+    """JSONL with `prompt` (or `instruction`/`question`) or MT-bench `turns` (first turn); or plain text lines."""
+    p = Path(path)
+    if not p.is_file():
+        raise AnchorspecError(f"prompts file {path} does not exist")
+    prompts = []
+    for n, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise AnchorspecError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        if isinstance(row, dict):
+            for key in ("prompt", "instruction", "question"):
+                if isinstance(row.get(key), str):
+                    prompts.append(row[key])
+                    break
+            else:
+                turns = row.get("turns")
+                if isinstance(turns, list) and turns and isinstance(turns[0], str):
+                    prompts.append(turns[0])
+                else:
+                    raise AnchorspecError(f"{path}:{n}: expected a 'prompt' or 'turns' field")
+        elif isinstance(row, str):
+            prompts.append(row)
+        else:
+            raise AnchorspecError(f"{path}:{n}: expected an object with 'prompt' or 'turns'")
+    if not prompts:
+        raise AnchorspecError(f"prompts file {path} holds no prompts")
+    return prompts
+
+
+def cmd_generate(args) -> int:
+    from .api import DEFAULT_TREE, load
+    from .decode.tree import TreeShape
+
+    if args.no_spec and args.drafter:
+        raise AnchorspecError("--no-spec and --drafter conflict: choose one")
+    if not args.no_spec and not args.drafter:
+        raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
+    if (args.chain is not None or args.tree is not None) and args.no_spec:
+        raise AnchorspecError("--chain/--tree need a drafter; they conflict with --no-spec")
+    if args.chain is not None and args.chain < 1:
+        raise AnchorspecError(f"--chain must be >= 1, got {args.chain}")
+    shape = TreeShape.chain(args.chain) if args.chain is not None else (args.tree or DEFAULT_TREE)
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads)
+    total = None
+    for i, prompt in enumerate(prompts):
+        seed = None if args.seed is None else args.seed + i
+        res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
+                              shape=shape, speculative=not args.no_spec)
+        total = res.stats if total is None else total.merge(res.stats)
+        if args.json:
+            print(json.dumps(res.to_dict(), ensure_ascii=False), flush=True)
+        else:
+            print(res.text, flush=True)
+            s = res.stats
+            print(f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
+                  f"{s.target_forwards} target forwards]", file=sys.stderr, flush=True)
+    if not args.json and len(prompts) > 1:
+        print(f"[all {len(prompts)} prompts: {total.new_tokens} tokens, {total.tokens_per_s:.1f} tok/s, "
+              f"tau {total.tau:.2f}]", file=sys.stderr)
+    return 0
+
+
+def cmd_init_drafter(args) -> int:
+    from .models.drafter import init_drafter, save_drafter
+    from .models.hub import resolve_target
+    from transformers import AutoConfig
+
+    path = resolve_target(args.target)
+    try:
+        tcfg = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise AnchorspecError(f"cannot read the config of target {args.target!r}: {str(exc).splitlines()[0]}") from exc
+    L = tcfg.num_hidden_layers
+    aux = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
+    if aux is not None and any(not 0 <= i < L for i in aux):
+        raise AnchorspecError(f"aux layer ids {aux} out of range for a target with {L} layers (valid 0..{L - 1})")
+    if args.draft_vocab_size is not None and not 0 < args.draft_vocab_size <= tcfg.vocab_size:
+        raise AnchorspecError(f"--draft-vocab-size must be in 1..{tcfg.vocab_size}, got {args.draft_vocab_size}")
+    drafter = init_drafter(tcfg, args.variant, args.draft_vocab_size, aux, seed=args.seed)
+    save_drafter(drafter, args.out)
+    c = drafter.config
+    print(f"wrote {c.variant} drafter to {args.out} (fc_norm={c.fc_norm}, norm_output={c.norm_output}, "
+          f"draft vocab {c.draft_vocab_size}/{c.vocab_size}, aux layers {c.eagle_aux_hidden_state_layer_ids})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="anchorspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text, speculatively (--drafter) or plainly (--no-spec)")
+    g.add_argument("--target", required=True, help="model directory, hub id, or alias smollm2-135m-instruct")
+    g.add_argument("--drafter", help="EAGLE-3/3.1 drafter directory")
+    g.add_argument("--no-spec", action="store_true", help="plain decoding with the project's own loop")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompts", help="JSONL file: 'prompt' or MT-bench 'turns' (first turn)")
+    g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    g.add_argument("--system", help="system prompt (with --chat)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int)
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
+    shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="EAGLE-2 dynamic tree (default 8,6,32)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    g.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
+    g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("init-drafter", help="write a randomly initialised drafter shaped after a target")
+    i.add_argument("--target", required=True)
+    i.add_argument("--out", required=True)
+    i.add_argument("--variant", default="eagle3.1", choices=["eagle3", "eagle3.1"])
+    i.add_argument("--draft-vocab-size", type=int)
+    i.add_argument("--aux-layers", help="comma-separated HF hidden_states indices (default 2,L//2,L-3)")
+    i.add_argument("--seed", type=int, default=0)
+    i.set_defaults(func=cmd_init_drafter)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except AnchorspecError as exc:
+        print(f"anchorspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""prompt -> draft (propose) -> verify -> commit: one module per step, math kept in pure functions."""

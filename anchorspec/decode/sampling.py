@@ -1,0 +1,62 @@
+"""Turning logits into the distribution a request samples from (pure functions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import AnchorspecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise AnchorspecError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise AnchorspecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise AnchorspecError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p; returns probabilities (float32, or float64 for float64 input).
+
+    Rows are independent, so the same function serves one position or a whole tree.
+    """
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(dtype) / max(params.temperature, 1e-6)
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+        before = sorted_p.cumsum(-1) - sorted_p
+        drop_sorted = before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from a 1-D probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """The target's next token from one row of logits: argmax for greedy, else a draw."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    return sample(probs_from_logits(logits, params), generator)

@@ -1,0 +1,145 @@
+"""Draft trees: the data structure, its attention mask, and the EAGLE-2 dynamic expansion.
+
+Node 0 is the root: the last sampled token, not yet seen by the target. Parents always come before
+their children, so ancestor sets and masks are built in one pass. A chain is a tree whose node i
+has parent i-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import AnchorspecError
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """EAGLE-2 dynamic tree: expand `top_k` children per node, `depth` draft levels,
+    keep `total_tokens` nodes including the root. `top_k=1, total=depth+1` is a chain."""
+
+    top_k: int
+    depth: int
+    total_tokens: int
+
+    def __post_init__(self):
+        if self.top_k < 1 or self.depth < 1 or self.total_tokens < 2:
+            raise AnchorspecError(
+                f"tree shape needs top_k>=1, depth>=1, total_tokens>=2; got {self.top_k},{self.depth},{self.total_tokens}"
+            )
+
+    @classmethod
+    def chain(cls, k: int) -> "TreeShape":
+        return cls(top_k=1, depth=k, total_tokens=k + 1)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.top_k == 1
+
+    @property
+    def max_nodes(self) -> int:
+        return self.top_k + (self.depth - 1) * self.top_k**2
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [N] target token ids, tokens[0] = root
+    parents: list[int]  # parents[0] = -1
+    draft_probs: torch.Tensor | None = None  # [N, V] proposal q for each node's token (sampled chains only)
+    depths: list[int] = field(init=False)
+    children: list[list[int]] = field(init=False)
+
+    def __post_init__(self):
+        if len(self.parents) != self.tokens.numel() or self.parents[0] != -1:
+            raise AnchorspecError("draft tree: parents must have one entry per token and parents[0] == -1")
+        self.depths = [0] * len(self.parents)
+        self.children = [[] for _ in self.parents]
+        for i, p in enumerate(self.parents[1:], start=1):
+            if not 0 <= p < i:
+                raise AnchorspecError(f"draft tree: node {i} has parent {p}; parents must precede children")
+            self.depths[i] = self.depths[p] + 1
+            self.children[p].append(i)
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    def ancestors(self) -> torch.Tensor:
+        """[N, N] bool: anc[i, j] = j is i or an ancestor of i."""
+        n = self.size
+        anc = torch.zeros(n, n, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                anc[i] = anc[p]
+            anc[i, i] = True
+        return anc
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+
+def tree_attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive [1, 1, N, past_len + N]: every node sees the whole committed context, then
+    itself and its ancestors only (the same attention it would get on its own branch)."""
+    from ..models.drafter import additive_mask
+
+    anc = tree.ancestors()
+    allowed = torch.cat([torch.ones(tree.size, past_len, dtype=torch.bool), anc], dim=1)
+    return additive_mask(allowed.to(device), dtype)[None, None]
+
+
+def tree_position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
+    return torch.tensor(tree.depths, dtype=torch.long) + past_len
+
+
+# expand(nodes, tokens, parents) -> (child tokens [len(nodes), k], child logp [len(nodes), k]).
+# `nodes` are candidate ids (creation order), `tokens` their token ids, `parents` their parents'
+# candidate ids (-1 for the root). The proposer keeps whatever per-node state it needs by id.
+Expander = Callable[[list[int], list[int], list[int]], tuple[torch.Tensor, torch.Tensor]]
+
+
+def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor,
+                       expand: Expander, shape: TreeShape) -> DraftTree:
+    """EAGLE-2 dynamic tree (spec §6.1 step 2).
+
+    Level 1 is the top-k of the drafter's prediction after the root. Each further level expands
+    the current frontier (top-k nodes by cumulative log-prob) into k children each; all candidates
+    are kept, and at the end the `total_tokens - 1` best by cumulative log-prob form the tree.
+    A child's score never exceeds its parent's, and ties rank the earlier-created node (the parent)
+    first, so the selection is closed under ancestors.
+    """
+    k = shape.top_k
+    tokens = [int(t) for t in first_tokens[:k]]
+    scores = [float(s) for s in first_logp[:k]]
+    parents = [-1] * len(tokens)  # -1 = root, indices otherwise refer to candidate list
+    frontier = list(range(len(tokens)))
+    for _level in range(2, shape.depth + 1):
+        child_tokens, child_logp = expand(frontier, [tokens[i] for i in frontier], [parents[i] for i in frontier])
+        base = torch.tensor([scores[i] for i in frontier], dtype=torch.float64)[:, None]
+        cum = base + child_logp.to(torch.float64)
+        start = len(tokens)
+        for row, parent in enumerate(frontier):
+            for col in range(child_tokens.shape[1]):
+                tokens.append(int(child_tokens[row, col]))
+                scores.append(float(cum[row, col]))
+                parents.append(parent)
+        new = torch.tensor(scores[start:], dtype=torch.float64)
+        best = torch.topk(new, min(k, new.numel())).indices.sort().values
+        frontier = [start + int(i) for i in best]
+    keep_n = min(shape.total_tokens - 1, len(tokens))
+    order = torch.sort(torch.tensor(scores, dtype=torch.float64), descending=True, stable=True).indices
+    kept = sorted(int(i) for i in order[:keep_n])  # creation order: parents before children
+    index = {cand: node for node, cand in enumerate(kept, start=1)}
+    tree_parents = [-1] + [0 if parents[c] == -1 else index[parents[c]] for c in kept]
+    tree_tokens = torch.tensor([root_token] + [tokens[c] for c in kept], dtype=torch.long)
+    return DraftTree(tokens=tree_tokens, parents=tree_parents)

@@ -1,0 +1,92 @@
+"""Verification: which drafted tokens the target accepts, and the token it adds (pure functions).
+
+- greedy: walk down from the root, following the child equal to the target's argmax.
+- sampled chain: standard speculative sampling, accept x with min(1, p(x)/q(x)), else draw from
+  normalize(max(p - q, 0)); bonus from p after a fully accepted chain.
+- sampled tree: recursive multi-draft rejection with deterministic (top-k) drafts, q = 1
+  ("target-only", spec §7): try the children in order, accept x with probability p(x), otherwise
+  set p(x) = 0, renormalize, try the next child; if all fail, draw from what is left of p.
+All three return the accepted root-to-node path and one token drawn from the target, so the
+output distribution is exactly the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample
+from .tree import DraftTree
+
+
+@dataclass
+class Verdict:
+    path: list[int]  # accepted nodes, root (0) first
+    next_token: int  # from the target: correction after a rejection, bonus after a full path
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path) - 1
+
+
+def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> float:
+    """min(1, p/q): the one place a negative-control test can break losslessness."""
+    if q_x <= 0:
+        return 0.0
+    return float(torch.clamp(p_x / q_x, max=1.0))
+
+
+def _uniform(generator) -> float:
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+    """target_logits [N, V]: row i is the target's prediction after node i."""
+    best = target_logits.argmax(dim=-1).tolist()
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    while True:
+        want = best[node]
+        child = next((c for c in tree.children[node] if tokens[c] == want), None)
+        if child is None:
+            return Verdict(path, want)
+        node = child
+        path.append(node)
+
+
+def verify_chain_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
+    """target_probs [N, V]; tree.draft_probs [N, V] holds q for each drafted node (row 0 unused)."""
+    if tree.parents != list(range(-1, tree.size - 1)) or tree.draft_probs is None:
+        raise ValueError("verify_chain_sampling needs a chain with draft probabilities")
+    q_all = tree.draft_probs
+    node, path = 0, [0]
+    for child in range(1, tree.size):
+        x = int(tree.tokens[child])
+        p, q = target_probs[node], q_all[child].to(target_probs.dtype)
+        if _uniform(generator) < acceptance_probability(p[x], q[x]):
+            node = child
+            path.append(node)
+            continue
+        residual = torch.clamp(p - q, min=0)
+        total = residual.sum()
+        # total == 0 means p == q, where a rejection has probability 0; fall back to p for safety
+        return Verdict(path, sample(residual / total if total > 0 else p, generator))
+    return Verdict(path, sample(target_probs[node], generator))
+
+
+def verify_tree_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
+    """target_probs [N, V] (already temperature/top-k/top-p processed)."""
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    while True:
+        p = target_probs[node].clone()
+        for child in tree.children[node]:
+            x = tokens[child]
+            if _uniform(generator) < acceptance_probability(p[x] / p.sum(), torch.ones((), dtype=p.dtype)):
+                node = child
+                path.append(node)
+                break
+            p[x] = 0
+        else:
+            return Verdict(path, sample(p / p.sum(), generator))

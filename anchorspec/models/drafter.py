@@ -1,0 +1,448 @@
+"""EAGLE-3 / EAGLE-3.1 drafter: one Llama-style decoder layer over (token embedding, feature).
+
+Math (spec §3), per step:
+    u      = concat(input_layernorm(embed(token)), hidden_norm(x_in))       # [2H]
+    r1     = x_in + o_proj(attn(q_proj(u), k_proj(u), v_proj(u)))            # residual on UN-normed x_in
+    h      = r1 + mlp(post_attention_layernorm(r1))
+    logits = lm_head(norm(h))                                                # always normed
+    x_next = norm(h) if norm_output (3.1) else h                             # fed to the next step
+At context positions x_in = fc(concat(fc_norm_j(a_j))) (fc_norm only in 3.1, one norm per chunk).
+
+The token embedding is the target's (frozen, shared, never saved).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import AnchorspecError
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    attention_bias: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None
+    num_hidden_layers: int = 1
+    extra: dict = field(default_factory=dict)  # unknown config.json fields, written back unchanged
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_hidden_layers != 1:
+            raise AnchorspecError(f"drafter num_hidden_layers={self.num_hidden_layers}; only 1-layer EAGLE-3 drafters are supported")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise AnchorspecError(
+                f"drafter num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise AnchorspecError(f"draft_vocab_size={self.draft_vocab_size} must be in 1..vocab_size={self.vocab_size}")
+
+    @property
+    def variant(self) -> str:
+        return "eagle3.1" if (self.fc_norm or self.norm_output) else "eagle3"
+
+    @property
+    def num_aux(self) -> int:
+        ids = self.eagle_aux_hidden_state_layer_ids
+        return len(ids) if ids else 3
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        d = dict(d)
+        # Old EAGLE-3 checkpoints put the aux ids under eagle_config; vLLM reads both places.
+        if "eagle_aux_hidden_state_layer_ids" not in d and isinstance(d.get("eagle_config"), dict):
+            ids = d["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
+            if ids is not None:
+                d["eagle_aux_hidden_state_layer_ids"] = ids
+        rope = d.get("rope_parameters") or {}
+        if "rope_theta" not in d and "rope_theta" in rope:
+            d["rope_theta"] = rope["rope_theta"]
+        if d.get("rope_scaling") is None and rope.get("rope_type", "default") != "default":
+            d["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+        d.setdefault("draft_vocab_size", d.get("vocab_size"))
+        d.setdefault("target_hidden_size", d.get("hidden_size"))
+        names = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        missing = [n for n in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if d.get(n) is None]
+        if missing:
+            raise AnchorspecError(f"drafter config.json lacks {', '.join(missing)}")
+        d.setdefault("num_key_value_heads", d["num_attention_heads"])
+        kwargs = {k: v for k, v in d.items() if k in names and v is not None}
+        extra = {k: v for k, v in d.items() if k not in names}
+        return cls(**kwargs, extra=extra)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        extra = d.pop("extra")
+        out = {**extra, **d}
+        out["architectures"] = [ARCHITECTURE]
+        out.setdefault("model_type", "llama")
+        out["hidden_act"] = "silu"
+        out["tie_word_embeddings"] = False
+        out.pop("rope_parameters", None)  # we write the flat rope_theta/rope_scaling form
+        return out
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 (spec §6.3), cast back to the input dtype."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32) if dtype != torch.float64 else x
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(cfg: DrafterConfig) -> torch.Tensor:
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(is_mid, mid, scaled)
+    raise AnchorspecError(f"drafter rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """The drafter's own KV cache: one layer, [B, n_kv, S, head_dim], grown in place, cropped on rollback."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        nh, nkv, hd, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        self.q_proj = nn.Linear(2 * H, nh * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(2 * H, nkv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(2 * H, nkv * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+
+    def forward(self, u, cos, sin, cache: KVCache, mask, want_probs: bool):
+        B, T, _ = u.shape
+        c = self.cfg
+        q = self.q_proj(u).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(u).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(u).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = cache.append(k, v)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        k_all = k_all.repeat_interleave(groups, dim=1)
+        v_all = v_all.repeat_interleave(groups, dim=1)
+        probs = None
+        if want_probs:
+            scores = (q @ k_all.transpose(-1, -2)).float() / math.sqrt(c.head_dim)
+            if mask is not None:
+                scores = scores + mask.float()
+            probs = scores.softmax(-1)
+            out = probs.to(v_all.dtype) @ v_all
+        else:
+            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(out), probs
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    """The `midlayer`: a Llama decoder layer whose attention reads the 2H (embedding, feature) concat."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DrafterAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DrafterMLP(cfg)
+
+    def forward(self, emb, x_in, cos, sin, cache, mask, want_probs):
+        u = torch.cat([self.input_layernorm(emb), self.hidden_norm(x_in)], dim=-1)
+        attn, probs = self.self_attn(u, cos, sin, cache, mask, want_probs)
+        r1 = x_in + attn
+        return r1 + self.mlp(self.post_attention_layernorm(r1)), probs
+
+
+@dataclass
+class DraftStep:
+    logits: torch.Tensor  # [B, T, Vd] float32, over the draft vocabulary
+    next_hidden: torch.Tensor  # [B, T, H] what the next speculative step receives as x_in
+    attn_probs: torch.Tensor | None = None  # [B, heads, T, S] when asked for (drift diagnostics)
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.config = cfg
+        n_aux, Ht, H = cfg.num_aux, cfg.target_hidden_size, cfg.hidden_size
+        self.fc = nn.Linear(n_aux * Ht, H, bias=bool(cfg.extra.get("bias", False)))
+        self.fc_norm = nn.ModuleList(RMSNorm(Ht, cfg.rms_norm_eps) for _ in range(n_aux)) if cfg.fc_norm else None
+        self.midlayer = DrafterLayer(cfg)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
+                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+        self.embed_weight: torch.Tensor | None = None  # the target's, bound by bind_target_embedding
+
+    # --- wiring ---------------------------------------------------------------------------------
+    def bind_target_embedding(self, weight: torch.Tensor) -> None:
+        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
+            raise AnchorspecError(
+                f"drafter expects a target embedding of shape ({self.config.vocab_size}, {self.config.hidden_size}), "
+                f"target has {tuple(weight.shape)} (vocabulary or hidden size mismatch)"
+            )
+        self.embed_weight = weight
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """Target token id of each draft id (d2t stores offsets, spec §4)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_vocab_mapping(self, draft_token_ids: torch.Tensor) -> None:
+        """Use the given target ids (any order, unique) as the draft vocabulary."""
+        used = torch.sort(torch.as_tensor(draft_token_ids, dtype=torch.long)).values
+        if used.numel() != self.config.draft_vocab_size or used.unique().numel() != used.numel():
+            raise AnchorspecError(f"draft vocabulary needs {self.config.draft_vocab_size} unique ids, got {used.numel()}")
+        if used[0] < 0 or used[-1] >= self.config.vocab_size:
+            raise AnchorspecError(f"draft vocabulary ids must lie in 0..{self.config.vocab_size - 1}")
+        self.d2t.copy_(used - torch.arange(used.numel()))
+        self.t2d.zero_()
+        self.t2d[used] = True
+
+    # --- math -----------------------------------------------------------------------------------
+    def project_features(self, aux: torch.Tensor) -> torch.Tensor:
+        """fc(concat(fc_norm_j(a_j))) for aux [..., n_aux * Ht] (the raw target residual streams)."""
+        if aux.shape[-1] != self.fc.in_features:
+            raise AnchorspecError(
+                f"target features have width {aux.shape[-1]}, drafter fc expects {self.fc.in_features} "
+                f"({self.config.num_aux} x target_hidden_size {self.config.target_hidden_size})"
+            )
+        aux = aux.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            chunks = aux.split(self.config.target_hidden_size, dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux)
+
+    def rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        freqs = position_ids[..., None].to(torch.float32) * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+
+    def step(self, token_ids, x_in, position_ids, cache: KVCache, mask=None, want_attn=False) -> DraftStep:
+        """One drafter pass over T positions. token_ids/position_ids [B,T]; x_in [B,T,H].
+
+        `mask` is an additive [B or 1, 1, T, cache.length + T] mask, or None for causal over the cache.
+        """
+        if self.embed_weight is None:
+            raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
+        dtype = self.fc.weight.dtype
+        emb = F.embedding(token_ids, self.embed_weight).to(dtype)
+        if mask is None and token_ids.shape[1] > 1:
+            mask = causal_mask(token_ids.shape[1], cache.length, dtype, emb.device)
+        cos, sin = self.rope(position_ids, dtype)
+        h, probs = self.midlayer(emb, x_in.to(dtype), cos, sin, cache, mask, want_attn)
+        normed = self.norm(h)
+        logits = self.lm_head(normed).float()
+        return DraftStep(logits=logits, next_hidden=normed if self.config.norm_output else h, attn_probs=probs)
+
+
+def causal_mask(T: int, past: int, dtype, device) -> torch.Tensor:
+    allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(diagonal=past)
+    return additive_mask(allowed, dtype)[None, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """Boolean 'may attend' -> additive mask (0 or the dtype's most negative value)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+
+def _canonical_key(key: str) -> str:
+    if key.startswith("model."):
+        key = key[len("model."):]
+    if key.startswith("layers.0."):
+        key = "midlayer." + key[len("layers.0."):]
+    return key
+
+
+def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
+    """Load a drafter directory: config.json + model.safetensors (flat, `layers.0.*` or `model.*` keys)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise AnchorspecError(f"drafter directory {path} does not exist")
+    cfg_file, weights = path / "config.json", path / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.is_file():
+            raise AnchorspecError(f"drafter directory {path} has no {f.name}")
+    try:
+        cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise AnchorspecError(f"drafter config {cfg_file} is not valid: {exc}") from exc
+    try:
+        raw = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise AnchorspecError(f"drafter weights {weights} are corrupt or unreadable: {exc}") from exc
+    state = {_canonical_key(k): v for k, v in raw.items()}
+    state.pop("embed_tokens.weight", None)  # shared with the target
+    drafter = Eagle3Drafter(cfg)
+    expected = drafter.state_dict()
+    if cfg.draft_vocab_size == cfg.vocab_size:  # EAGLE deletes the mapping when the vocabularies match
+        state.setdefault("d2t", expected["d2t"])
+        state.setdefault("t2d", expected["t2d"])
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise AnchorspecError(
+            f"drafter weights {weights} do not match its config (variant {cfg.variant}): "
+            f"missing {missing[:6]}{'...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
+        )
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k].shape):
+            raise AnchorspecError(f"drafter tensor {k} has shape {tuple(v.shape)}, config implies {tuple(expected[k].shape)}")
+    drafter.load_state_dict({k: v.to(expected[k].dtype) if k in ("d2t", "t2d") else v for k, v in state.items()})
+    return drafter.to(dtype).eval()
+
+
+def save_drafter(drafter: Eagle3Drafter, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+    """Write config.json + model.safetensors atomically (temp file + rename per file)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    cfg = drafter.config.to_dict()
+    cfg["torch_dtype"] = str(dtype or drafter.fc.weight.dtype).removeprefix("torch.")
+    _atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt"}))
+    _atomic_write(path / "config.json", lambda f: Path(f).write_text(json.dumps(cfg, indent=2) + "\n"))
+
+
+def _atomic_write(dest: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int | None = None,
+                 aux_layer_ids=None, seed: int = 0, init_std: float = 0.02) -> Eagle3Drafter:
+    """A randomly initialised drafter shaped after the target (the start point for training and tests)."""
+    if variant not in ("eagle3", "eagle3.1"):
+        raise AnchorspecError(f"unknown drafter variant {variant!r}; choose eagle3 or eagle3.1")
+    tc = target_config
+    L = int(tc.num_hidden_layers)
+    vocab = int(tc.vocab_size)
+    rope = getattr(tc, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope.get("rope_type", "default") != "default" else None
+    cfg = DrafterConfig(
+        hidden_size=int(tc.hidden_size),
+        intermediate_size=int(tc.intermediate_size),
+        num_attention_heads=int(tc.num_attention_heads),
+        num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads),
+        head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads),
+        vocab_size=vocab,
+        draft_vocab_size=int(draft_vocab_size or vocab),
+        target_hidden_size=int(tc.hidden_size),
+        rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        max_position_embeddings=int(getattr(tc, "max_position_embeddings", 2048)),
+        fc_norm=variant == "eagle3.1",
+        norm_output=variant == "eagle3.1",
+        eagle_aux_hidden_state_layer_ids=list(aux_layer_ids or (2, L // 2, L - 3)),
+    )
+    gen = torch.Generator().manual_seed(seed)
+    drafter = Eagle3Drafter(cfg)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+            elif name.endswith("bias"):
+                p.zero_()
+    drafter.set_vocab_mapping(torch.arange(cfg.draft_vocab_size))
+    return drafter.eval()

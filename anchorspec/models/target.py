@@ -1,0 +1,149 @@
+"""The target model: any decoder-only HF causal LM with `model.layers`.
+
+We never copy modeling code. The target is driven through `position_ids`, a 4-D additive attention
+mask (for tree verification) and a `DynamicCache`; the three auxiliary hidden states that feed an
+EAGLE-3 drafter are captured by forward *pre*-hooks on the chosen decoder layers, so only those
+three tensors are kept (no `output_hidden_states`).
+
+Aux layer ids follow convention A of the spec: id i is the input of decoder layer i, i.e. HF's
+`outputs.hidden_states[i]` (0 = embeddings). Default (2, L//2, L-3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import AnchorspecError
+from .hub import resolve_target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise AnchorspecError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layer list of a causal LM (`model.model.layers` for Llama, Qwen2, Mistral, ...)."""
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise AnchorspecError(f"{type(model).__name__} has no `model.layers`; only decoder-only LMs are supported")
+    return layers
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [T_kept, V] float32 or the model dtype (float64 stays float64)
+    aux: torch.Tensor | None  # [T, n_aux * H] raw residual stream inputs of the aux layers
+
+
+class Target:
+    """A loaded target model plus its tokenizer, with aux-state capture hooks."""
+
+    def __init__(self, model: nn.Module, tokenizer=None, aux_layer_ids=None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.layers = decoder_layers(model)
+        self.num_layers = len(self.layers)
+        self.hidden_size = int(self.config.hidden_size)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._captured: dict[int, torch.Tensor] = {}
+        self._capture = False
+        self._hooks = []
+        self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def set_aux_layers(self, ids) -> None:
+        ids = tuple(int(i) for i in ids)
+        bad = [i for i in ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise AnchorspecError(
+                f"aux layer ids {list(ids)} out of range for a target with {self.num_layers} layers "
+                f"(valid: 0..{self.num_layers - 1}, convention: HF hidden_states index)"
+            )
+        for h in self._hooks:
+            h.remove()
+        self.aux_layer_ids = ids
+        self._hooks = [
+            self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in sorted(set(ids))
+        ]
+
+    def _hook(self, idx: int):
+        def capture(_module, args, kwargs):
+            if self._capture:
+                hidden = args[0] if args else kwargs["hidden_states"]
+                self._captured[idx] = hidden
+
+        return capture
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        attention_mask: torch.Tensor | None = None,
+        capture_aux: bool = False,
+        last_only: bool = False,
+    ) -> TargetOutput:
+        """Run the target on `input_ids` [T] at `position_ids` [T], appending to `cache`.
+
+        `attention_mask` is an additive 4-D mask [1, 1, T, past + T] (tree verification) or None
+        (plain causal). `last_only` computes the LM head on the last position only.
+        """
+        self._capture = capture_aux
+        self._captured = {}
+        try:
+            out = self.model(
+                input_ids=input_ids.view(1, -1),
+                position_ids=position_ids.view(1, -1),
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+            )
+        finally:
+            self._capture = False
+        aux = None
+        if capture_aux:
+            aux = torch.cat([self._captured[i][0] for i in self.aux_layer_ids], dim=-1)
+            self._captured = {}
+        return TargetOutput(logits=out.logits[0], aux=aux)
+
+
+def load_target(target: str, dtype: str | torch.dtype = "float32", aux_layer_ids=None, attn: str = "sdpa") -> Target:
+    """Load a target by directory, alias or hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    path = resolve_target(target)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AnchorspecError(f"cannot load target {target!r} from {path}: {first}") from exc
+    return Target(model, tokenizer, aux_layer_ids)
