@@ -15,13 +15,29 @@ def _tree_arg(text: str):
 
     try:
         top_k, depth, total = (int(x) for x in text.split(","))
+        return TreeShape(top_k, depth, total)
+    except (ValueError, AnchorspecError) as exc:
+        detail = str(exc) if isinstance(exc, AnchorspecError) else "three integers"
+        raise argparse.ArgumentTypeError(f"expects TOP_K,DEPTH,TOTAL ({detail}), got {text!r}") from None
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
     except ValueError:
-        raise AnchorspecError(f"--tree expects TOP_K,DEPTH,TOTAL (three integers), got {text!r}") from None
-    return TreeShape(top_k, depth, total)
+        raise argparse.ArgumentTypeError(f"expects comma-separated integers, got {text!r}") from None
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage + error over several lines; keep the one-line error contract."""
+
+    def error(self, message):
+        print(f"anchorspec: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def read_prompts(path: str) -> list[str]:
-    """JSONL with `prompt` (or `instruction`/`question`) or MT-bench `turns` (first turn); or plain text lines."""
+    """JSONL: objects with `prompt` (or `instruction`/`question`) or MT-bench `turns` (first turn), or JSON strings."""
     p = Path(path)
     if not p.is_file():
         raise AnchorspecError(f"prompts file {path} does not exist")
@@ -99,11 +115,13 @@ def cmd_init_drafter(args) -> int:
     except (OSError, ValueError) as exc:
         raise AnchorspecError(f"cannot read the config of target {args.target!r}: {str(exc).splitlines()[0]}") from exc
     L = tcfg.num_hidden_layers
-    aux = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
+    aux = args.aux_layers
     if aux is not None and any(not 0 <= i < L for i in aux):
         raise AnchorspecError(f"aux layer ids {aux} out of range for a target with {L} layers (valid 0..{L - 1})")
     if args.draft_vocab_size is not None and not 0 < args.draft_vocab_size <= tcfg.vocab_size:
         raise AnchorspecError(f"--draft-vocab-size must be in 1..{tcfg.vocab_size}, got {args.draft_vocab_size}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise AnchorspecError(f"--out {args.out} exists and is not a directory")
     drafter = init_drafter(tcfg, args.variant, args.draft_vocab_size, aux, seed=args.seed)
     save_drafter(drafter, args.out)
     c = drafter.config
@@ -113,8 +131,8 @@ def cmd_init_drafter(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="anchorspec", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineParser(prog="anchorspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
     g = sub.add_parser("generate", help="generate text, speculatively (--drafter) or plainly (--no-spec)")
     g.add_argument("--target", required=True, help="model directory, hub id, or alias smollm2-135m-instruct")
@@ -143,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--out", required=True)
     i.add_argument("--variant", default="eagle3.1", choices=["eagle3", "eagle3.1"])
     i.add_argument("--draft-vocab-size", type=int)
-    i.add_argument("--aux-layers", help="comma-separated HF hidden_states indices (default 2,L//2,L-3)")
+    i.add_argument("--aux-layers", type=_int_list, help="comma-separated HF hidden_states indices (default 2,L//2,L-3)")
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(func=cmd_init_drafter)
     return parser

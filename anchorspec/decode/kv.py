@@ -12,6 +12,7 @@ import torch
 from ..errors import AnchorspecError
 
 
+@torch.inference_mode()  # the cache rows are inference tensors; in-place edits must happen in this mode
 def commit_path(cache, start: int, keep: list[int]) -> None:
     """`cache` holds `start` committed rows plus the tree rows; keep tree rows `keep` (in order)."""
     from transformers.cache_utils import DynamicLayer

@@ -60,6 +60,9 @@ class DrafterConfig:
                 f"drafter num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        ids = self.eagle_aux_hidden_state_layer_ids
+        if ids is not None and len(ids) == 0:
+            raise AnchorspecError("eagle_aux_hidden_state_layer_ids is empty; give at least one target layer id")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise AnchorspecError(f"draft_vocab_size={self.draft_vocab_size} must be in 1..vocab_size={self.vocab_size}")
 
@@ -191,17 +194,17 @@ class DrafterAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all, v_all = cache.append(k, v)
         groups = c.num_attention_heads // c.num_key_value_heads
-        k_all = k_all.repeat_interleave(groups, dim=1)
-        v_all = v_all.repeat_interleave(groups, dim=1)
         probs = None
         if want_probs:
+            k_all = k_all.repeat_interleave(groups, dim=1)
+            v_all = v_all.repeat_interleave(groups, dim=1)
             scores = (q @ k_all.transpose(-1, -2)).float() / math.sqrt(c.head_dim)
             if mask is not None:
                 scores = scores + mask.float()
             probs = scores.softmax(-1)
             out = probs.to(v_all.dtype) @ v_all
         else:
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=groups > 1)
         out = out.transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out), probs
 
@@ -255,7 +258,8 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
                              else torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.register_buffer("inv_freq", rope_inv_freq(cfg).float(), persistent=False)
+        # Not a buffer: `.to(bfloat16)` must not round the RoPE frequencies (the target keeps them in fp32).
+        self._inv_freq = rope_inv_freq(cfg).float()
         self.embed_weight: torch.Tensor | None = None  # the target's, bound by bind_target_embedding
 
     # --- wiring ---------------------------------------------------------------------------------
@@ -298,7 +302,9 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
-        freqs = position_ids[..., None].to(torch.float32) * self.inv_freq
+        if self._inv_freq.device != position_ids.device:
+            self._inv_freq = self._inv_freq.to(position_ids.device)
+        freqs = position_ids[..., None].to(torch.float32) * self._inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
 
@@ -355,7 +361,7 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32) ->
             raise AnchorspecError(f"drafter directory {path} has no {f.name}")
     try:
         cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise AnchorspecError(f"drafter config {cfg_file} is not valid: {exc}") from exc
     try:
         raw = load_file(str(weights))
@@ -379,7 +385,23 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32) ->
         if tuple(v.shape) != tuple(expected[k].shape):
             raise AnchorspecError(f"drafter tensor {k} has shape {tuple(v.shape)}, config implies {tuple(expected[k].shape)}")
     drafter.load_state_dict({k: v.to(expected[k].dtype) if k in ("d2t", "t2d") else v for k, v in state.items()})
+    _check_vocab_mapping(drafter, weights)
     return drafter.to(dtype).eval()
+
+
+def _check_vocab_mapping(drafter: Eagle3Drafter, source) -> None:
+    """d2t must map the draft vocabulary onto distinct target ids, and t2d must mark exactly those."""
+    ids = drafter.draft_to_target
+    V = drafter.config.vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= V:
+        raise AnchorspecError(f"{source}: d2t maps draft ids to target ids {int(ids.min())}..{int(ids.max())}, "
+                              f"outside the vocabulary 0..{V - 1}")
+    if ids.unique().numel() != ids.numel():
+        raise AnchorspecError(f"{source}: d2t maps several draft ids to the same target id")
+    marked = drafter.t2d.nonzero().view(-1)
+    if marked.numel() != ids.numel() or not torch.equal(marked, ids.sort().values):
+        raise AnchorspecError(f"{source}: t2d marks {marked.numel()} target ids that disagree with d2t "
+                              f"({ids.numel()} draft ids)")
 
 
 def save_drafter(drafter: Eagle3Drafter, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
@@ -426,7 +448,7 @@ def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int
         num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads),
         head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads),
         vocab_size=vocab,
-        draft_vocab_size=int(draft_vocab_size or vocab),
+        draft_vocab_size=int(vocab if draft_vocab_size is None else draft_vocab_size),
         target_hidden_size=int(tc.hidden_size),
         rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
         rope_theta=float(theta),
@@ -434,7 +456,7 @@ def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int
         max_position_embeddings=int(getattr(tc, "max_position_embeddings", 2048)),
         fc_norm=variant == "eagle3.1",
         norm_output=variant == "eagle3.1",
-        eagle_aux_hidden_state_layer_ids=list(aux_layer_ids or (2, L // 2, L - 3)),
+        eagle_aux_hidden_state_layer_ids=list((2, L // 2, L - 3) if aux_layer_ids is None else aux_layer_ids),
     )
     gen = torch.Generator().manual_seed(seed)
     drafter = Eagle3Drafter(cfg)

@@ -1,0 +1,352 @@
+#!/usr/bin/env python
+"""Core CPU benchmark for anchorspec, batch 1, SmolLM2-135M-Instruct by default.
+
+(a) Plain decoding: the project's vanilla loop (Engine.generate(..., speculative=False)) against
+    Hugging Face `model.generate(do_sample=False)`, on MT-bench first turns, per dtype. The two
+    methods alternate per prompt so machine noise hits both alike; only generation is timed.
+(b) Building blocks of speculative decoding: one target verification forward on N tree tokens
+    after a ~256-token KV context, and one EAGLE-3.1 drafter step (1 token / one 8-token tree
+    level) with full and reduced draft vocabularies.
+
+Prints tables and writes everything as JSON (--out). No assertions on speed: figures only.
+
+    ANCHORSPEC_HOME=/tmp/ashome python benchmarks/bench_core.py --out bench_core.json
+    ANCHORSPEC_HOME=/tmp/ashome python benchmarks/bench_core.py --limit 3 --max-new-tokens 32 --out /tmp/b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import anchorspec
+from anchorspec import load
+from anchorspec.api import Engine, attach_drafter
+from anchorspec.decode.kv import commit_path
+from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids
+from anchorspec.models.drafter import KVCache, additive_mask, init_drafter
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = os.path.normpath(REPO_ROOT / ".." / "shared" / "data" / "mt_bench" / "question.jsonl")
+VERIFY_SIZES = (1, 8, 16, 32, 64)
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help="MT-bench question.jsonl (field `turns`; the first turn is used)")
+    p.add_argument("--out", required=True, help="where to write the JSON results")
+    p.add_argument("--target", default="smollm2-135m-instruct", help="target alias or model directory")
+    p.add_argument("--limit", type=int, default=80, help="number of prompts (80 = all MT-bench first turns)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="generation budget per prompt")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated target/drafter dtypes")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--context", type=int, default=256, help="KV context length for part (b)")
+    p.add_argument("--repeats", type=int, default=20, help="timed repeats per cell in part (b)")
+    p.add_argument("--skip-generate", action="store_true", help="only run part (b)")
+    p.add_argument("--skip-forward", action="store_true", help="only run part (a)")
+    return p.parse_args(argv)
+
+
+def load_prompts(path: str, limit: int) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                q = json.loads(line)
+                rows.append({"id": q.get("question_id", len(rows)), "text": q["turns"][0]})
+    return rows[:limit]
+
+
+# --- small helpers ----------------------------------------------------------------------------------
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def time_repeats(fn, repeats: int, warmup: int = 2, after=None, bar: tqdm | None = None) -> float:
+    """Median seconds of `fn()` over `repeats` runs; `after()` (untimed) restores state between runs."""
+    samples = []
+    for i in range(warmup + repeats):
+        _, dt = timed(fn)
+        if after is not None:
+            after()
+        if i >= warmup:
+            samples.append(dt)
+            if bar is not None:
+                bar.update(1)
+    return median(samples)
+
+
+# --- (a) vanilla loop vs HF generate ----------------------------------------------------------------
+
+def ours_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
+    return engine.generate(ids, max_new_tokens=max_new, speculative=False).token_ids
+
+
+def hf_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
+    """HF greedy with the engine's stop tokens, so both methods stop at the same place."""
+    x = torch.tensor([ids])
+    stop = list(engine.stop_token_ids())
+    out = engine.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                       do_sample=False, eos_token_id=stop, pad_token_id=stop[0])
+    # batch 1: no padding after eos, so everything past the prompt is new tokens (eos included,
+    # like the project's loop, which also returns the stop token as its last token)
+    return out[0, len(ids):].tolist()
+
+
+METHODS = {"ours": ours_generate, "hf": hf_generate}
+
+
+def bench_generation(engine: Engine, prompts: list[dict], encoded: list[list[int]], max_new: int,
+                     dtype: str) -> dict:
+    for fn in METHODS.values():  # warm-up: first-call allocations, oneDNN kernel selection
+        fn(engine, encoded[0], max_new)
+
+    per_prompt = []
+    bar = tqdm(list(zip(prompts, encoded)), desc=f"(a) generate {dtype}", unit="prompt", dynamic_ncols=True)
+    for i, (prompt, ids) in enumerate(bar):
+        # alternate which method goes first, so neither always runs on a warmer cache/CPU clock
+        order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
+        row = {"id": prompt["id"], "prompt_tokens": len(ids)}
+        for name in order:
+            gc.collect()  # a collection inside a timed region would hit one method only
+            tokens, dt = timed(METHODS[name], engine, ids, max_new)
+            row[name] = {"new_tokens": len(tokens), "seconds": dt, "tokens_per_s": len(tokens) / dt,
+                         "token_ids": tokens}
+        row["ratio"] = row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+        row["identical"] = row["ours"]["token_ids"] == row["hf"]["token_ids"]
+        per_prompt.append(row)
+        bar.set_postfix(ratio=f"{median([r['ratio'] for r in per_prompt]):.3f}",
+                        mismatches=sum(not r["identical"] for r in per_prompt))
+    return summarize_generation(per_prompt)
+
+
+def summarize_generation(rows: list[dict]) -> dict:
+    summary = {
+        name: {
+            "median_tokens_per_s": median([r[name]["tokens_per_s"] for r in rows]),
+            "total_new_tokens": sum(r[name]["new_tokens"] for r in rows),
+            "total_seconds": sum(r[name]["seconds"] for r in rows),
+        }
+        for name in METHODS
+    }
+    return {
+        **summary,
+        "median_ratio_ours_over_hf": median([r["ratio"] for r in rows]),
+        "mismatches": sum(not r["identical"] for r in rows),
+        "mismatched_ids": [r["id"] for r in rows if not r["identical"]],
+        "prompts": len(rows),
+        "per_prompt": [{k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(v, dict) else v)
+                        for k, v in r.items()} for r in rows],
+    }
+
+
+# --- (b) cost of one verification forward and one drafter step -------------------------------------
+
+def context_ids(encoded: list[list[int]], n: int) -> torch.Tensor:
+    """n real tokens (prompts concatenated, cycled if too few) rather than random ids."""
+    flat = [t for ids in encoded for t in ids]
+    while len(flat) < n:
+        flat = flat + flat
+    return torch.tensor(flat[:n], dtype=torch.long)
+
+
+def simple_tree(n: int) -> DraftTree:
+    """A 4-ary tree of n nodes (node i's parent is (i-1)//4): tree-shaped mask, depth ~log4(n)."""
+    return DraftTree(torch.arange(100, 100 + n), [-1] + [(i - 1) // 4 for i in range(1, n)])
+
+
+@torch.inference_mode()  # as in the engine: cache surgery on inference tensors
+def bench_verify(engine: Engine, ctx: torch.Tensor, repeats: int, dtype: str) -> dict:
+    target = engine.target
+    past = ctx.numel()
+    cache = target.new_cache()
+    target.forward(ctx, torch.arange(past), cache, last_only=True)
+    rollback = lambda: commit_path(cache, past, [])  # noqa: E731 - drop every row after the context
+
+    cells = {}
+    bar = tqdm(total=repeats * (len(VERIFY_SIZES) + 1), desc=f"(b) verify {dtype}", unit="fwd",
+               dynamic_ncols=True, leave=False)
+    # the vanilla decode step: one token, no mask, no aux capture (what generate_vanilla runs)
+    one = torch.tensor([int(ctx[-1])])
+    cells["vanilla_1"] = time_repeats(lambda: target.forward(one, torch.tensor([past]), cache),
+                                      repeats, after=rollback, bar=bar)
+    for n in VERIFY_SIZES:
+        # exactly what generate_speculative runs per step: tree mask, tree positions, aux capture
+        tree = simple_tree(n)
+        mask = tree_attention_mask(tree, past, target.dtype)
+        pos = tree_position_ids(tree, past)
+        cells[f"tree_{n}"] = time_repeats(
+            lambda: target.forward(tree.tokens, pos, cache, attention_mask=mask, capture_aux=True),
+            repeats, after=rollback, bar=bar)
+    bar.close()
+    return cells
+
+
+def filled_drafter_cache(engine: Engine, drafter, ctx: torch.Tensor) -> KVCache:
+    """Drafter KV holding len(ctx)-1 real-feature positions (feature t pairs with token t+1)."""
+    out = engine.target.forward(ctx, torch.arange(ctx.numel()), engine.target.new_cache(),
+                                capture_aux=True, last_only=True)
+    cache = KVCache()
+    n = ctx.numel() - 1
+    feats = drafter.project_features(out.aux[:n]).unsqueeze(0)
+    drafter.step(ctx[1:].view(1, -1), feats, torch.arange(n).view(1, -1), cache)
+    return cache
+
+
+@torch.inference_mode()
+def bench_drafter(engine: Engine, ctx: torch.Tensor, repeats: int, dtype: str) -> dict:
+    target = engine.target
+    torch_dtype = target.dtype
+    cells = {}
+    vocabs = {"full": None, "16384": 16384}
+    bar = tqdm(total=repeats * 2 * len(vocabs), desc=f"(b) drafter {dtype}", unit="step",
+               dynamic_ncols=True, leave=False)
+    for label, dvs in vocabs.items():
+        drafter = init_drafter(target.config, "eagle3.1", draft_vocab_size=dvs).to(torch_dtype)
+        attach_drafter(target, drafter)  # shares the target embedding, sets the aux layers
+        # context of context+1 tokens so the drafter ends up with exactly `context` rows
+        cache = filled_drafter_cache(engine, drafter, torch.cat([ctx, ctx[-1:]]))
+        n = cache.length
+        H = drafter.config.hidden_size
+        x1 = torch.randn(1, 1, H, dtype=torch_dtype)
+        tok1 = ctx[-1:].view(1, 1)
+        # one tree level of 8 siblings (all at the same depth): context + itself, like EagleProposer._tree
+        k = 8
+        allowed = torch.cat([torch.ones(k, n, dtype=torch.bool), torch.eye(k, dtype=torch.bool)], dim=1)
+        mask8 = additive_mask(allowed, torch_dtype)[None, None]
+        x8 = torch.randn(1, k, H, dtype=torch_dtype)
+        tok8 = ctx[-k:].view(1, k)
+        pos8 = torch.full((1, k), n)
+        rollback = lambda: cache.crop(n)  # noqa: E731
+
+        cells[f"{label}_1"] = time_repeats(lambda: drafter.step(tok1, x1, torch.tensor([[n]]), cache),
+                                           repeats, after=rollback, bar=bar)
+        cells[f"{label}_8"] = time_repeats(lambda: drafter.step(tok8, x8, pos8, cache, mask8),
+                                           repeats, after=rollback, bar=bar)
+        cells[f"{label}_draft_vocab"] = drafter.config.draft_vocab_size
+    bar.close()
+    return cells
+
+
+# --- reporting --------------------------------------------------------------------------------------
+
+def print_generation(dtype: str, g: dict) -> None:
+    print(f"\n(a) plain decoding, {dtype}, {g['prompts']} prompts")
+    print(f"  {'method':<28}{'median tok/s':>14}{'new tokens':>12}{'total s':>10}")
+    for name, label in (("ours", "anchorspec generate_vanilla"), ("hf", "HF model.generate")):
+        s = g[name]
+        print(f"  {label:<28}{s['median_tokens_per_s']:>14.2f}{s['total_new_tokens']:>12d}{s['total_seconds']:>10.1f}")
+    print(f"  median per-prompt ratio ours/HF: {g['median_ratio_ours_over_hf']:.3f}")
+    print(f"  token-id mismatches ours vs HF: {g['mismatches']}/{g['prompts']}"
+          + (f" (question ids {g['mismatched_ids']})" if g["mismatches"] else ""))
+
+
+def print_costs(dtype: str, verify: dict, drafter: dict, context: int) -> None:
+    ref = verify["tree_1"]
+    print(f"\n(b) cost per call, {dtype}, {context}-token context, median ms (x = ratio to the 1-token verify forward)")
+    print("    verify = one target forward over a 4-ary draft tree; drafter = random-init EAGLE-3.1, one step")
+    print(f"  {'call':<46}{'ms':>9}{'x':>8}")
+    rows = [("target forward, 1 token, no mask (vanilla step)", verify["vanilla_1"])]
+    rows += [(f"target verify, {n} tree tokens (4-D mask, aux)", verify[f"tree_{n}"]) for n in VERIFY_SIZES]
+    for label in ("full", "16384"):
+        v = drafter[f"{label}_draft_vocab"]
+        rows += [(f"drafter step, 1 token, draft vocab {v}", drafter[f"{label}_1"]),
+                 (f"drafter step, 8-token level, draft vocab {v}", drafter[f"{label}_8"])]
+    for name, s in rows:
+        print(f"  {name:<46}{s * 1e3:>9.2f}{s / ref:>8.2f}")
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def environment(args) -> dict:
+    return {
+        "anchorspec": anchorspec.__version__, "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__, "python": platform.python_version(),
+        "machine": platform.machine(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+        "loadavg_at_start": os.getloadavg(), "args": vars(args),
+    }
+
+
+def warn_if_busy(threads: int) -> None:
+    """OpenMP threads spin-wait for each other: with fewer idle cores than threads, every op waits
+    on a descheduled thread and timings get 10-30x worse, so say so up front."""
+    load1 = os.getloadavg()[0]
+    if load1 + threads > (os.cpu_count() or 1) + 0.5:
+        print(f"warning: load average {load1:.1f} with {threads} threads on {os.cpu_count()} CPUs; "
+              "the machine is busy and timings will be noisy (try a quiet machine or fewer --threads)",
+              file=sys.stderr)
+
+
+# --- main -------------------------------------------------------------------------------------------
+
+def run_dtype(args, dtype: str, prompts: list[dict]) -> dict:
+    engine = load(args.target, dtype=dtype)
+    encoded = [engine.encode(p["text"], chat=True) for p in prompts]
+    result = {}
+    if not args.skip_generate:
+        result["generation"] = bench_generation(engine, prompts, encoded, args.max_new_tokens, dtype)
+        print_generation(dtype, result["generation"])
+    if not args.skip_forward:
+        ctx = context_ids(encoded, args.context)
+        verify = bench_verify(engine, ctx, args.repeats, dtype)
+        drafter = bench_drafter(engine, ctx, args.repeats, dtype)
+        result["verify_forward_s"] = verify
+        result["drafter_step_s"] = drafter
+        result["ratios_to_verify_1"] = {k: v / verify["tree_1"] for k, v in {**verify, **drafter}.items()
+                                        if not k.endswith("draft_vocab")}
+        print_costs(dtype, verify, drafter, args.context)
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()  # generation-config chatter would break the progress bars
+
+    warn_if_busy(args.threads)
+    prompts = load_prompts(args.data, args.limit)
+    if not prompts:
+        sys.exit(f"no prompts in {args.data}")
+    results = {"environment": environment(args), "results": {}}
+    for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        results["results"][dtype] = run_dtype(args, dtype, prompts)
+        gc.collect()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

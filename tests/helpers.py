@@ -1,0 +1,77 @@
+"""Tiny random targets of several families and test-only proposers (oracle) for exactness tests."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from anchorspec.decode.tree import DraftTree, TreeShape, build_dynamic_tree
+from anchorspec.models.target import Target
+
+VOCAB = 96
+# Five families with different blocks: Llama; Qwen2 (qkv bias); Qwen3 (q/k norm); Mistral; OLMo2 (post-norms).
+FAMILIES = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "olmo2": ("Olmo2Config", {"pad_token_id": 0, "eos_token_id": None}),
+}
+
+
+def tiny_config(family: str = "llama", layers: int = 6, **overrides):
+    cls_name, extra = FAMILIES[family]
+    kwargs = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    kwargs.update(extra)
+    kwargs.update(overrides)
+    return getattr(transformers, cls_name)(**kwargs)
+
+
+def tiny_target(family: str = "llama", dtype=torch.float64, seed: int = 0, peaked: float = 4.0) -> Target:
+    """A random model whose logits are sharpened (`peaked`) so greedy paths are not near ties."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation="sdpa")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(peaked)
+    return Target(model.to(dtype).eval())
+
+
+class OracleProposer:
+    """Drafts what the target itself would say: full recompute, no cache (tiny models only).
+
+    Chain: the target's greedy continuation. Tree: the target's own top-k at every node, so the
+    greedy path is always in the tree. Every draft must be accepted: tau = depth + 1.
+    """
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.tokens = None
+
+    def reset(self):
+        self.tokens = None
+
+    def update(self, tokens, aux):
+        self.tokens = tokens.clone()
+
+    @torch.inference_mode()
+    def _logp(self, prefix: list[int]) -> torch.Tensor:
+        ids = torch.tensor([prefix])
+        return torch.log_softmax(self.target.model(ids).logits[0, -1].double(), -1)
+
+    def propose(self, shape: TreeShape, params, generator) -> DraftTree:
+        context = self.tokens.tolist()
+        prefixes = {-1: context}
+
+        def expand(nodes, toks, parents):
+            out_t, out_l = [], []
+            for node, tok, parent in zip(nodes, toks, parents):
+                prefixes[node] = prefixes[parent] + [tok]
+                top = torch.topk(self._logp(prefixes[node]), shape.top_k)
+                out_t.append(top.indices)
+                out_l.append(top.values)
+            return torch.stack(out_t), torch.stack(out_l)
+
+        first = torch.topk(self._logp(context), shape.top_k)
+        return build_dynamic_tree(context[-1], first.indices, first.values, expand, shape)

@@ -1,0 +1,54 @@
+"""SmolLM2-135M-Instruct (the real reference target) with a random drafter: speculative output is
+identical to plain greedy output on MT-bench prompts, and the CLI speaks JSON.
+
+Marked `realmodel`: it converts the GGUF once (~25 s) into $ANCHORSPEC_HOME. CI runs it too.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from anchorspec import TreeShape, load
+from anchorspec.cli import main, read_prompts
+from anchorspec.models.drafter import init_drafter, save_drafter
+
+pytestmark = pytest.mark.realmodel
+MT_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mt_bench" / "question.jsonl"
+
+
+@pytest.fixture(scope="module")
+def engine_and_drafter(tmp_path_factory):
+    engine = load("smollm2-135m-instruct", dtype="float32")
+    drafter_dir = tmp_path_factory.mktemp("drafter")
+    save_drafter(init_drafter(engine.target.config, "eagle3.1", draft_vocab_size=8192, seed=0), drafter_dir)
+    return load("smollm2-135m-instruct", str(drafter_dir), dtype="float32"), drafter_dir
+
+
+def test_random_drafter_output_identical_to_greedy(engine_and_drafter):
+    engine, _ = engine_and_drafter
+    prompts = read_prompts(str(MT_BENCH))[:3]
+    for prompt in prompts:
+        ref = engine.generate(prompt, chat=True, max_new_tokens=40, speculative=False)
+        assert len(ref.token_ids) > 5
+        for shape in (TreeShape.chain(3), TreeShape(8, 6, 32)):
+            res = engine.generate(prompt, chat=True, max_new_tokens=40, shape=shape)
+            assert res.token_ids == ref.token_ids, (prompt[:40], shape)
+            assert res.text == ref.text
+            assert res.stats.drafted_tokens > 0
+
+
+def test_cli_json_output(engine_and_drafter, capsys):
+    _, drafter_dir = engine_and_drafter
+    code = main(["generate", "--target", "smollm2-135m-instruct", "--drafter", str(drafter_dir), "--prompt",
+                 "What is 2+2?", "--chat", "--max-new-tokens", "12", "--chain", "2", "--json"])
+    assert code == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(row) >= {"text", "token_ids", "stats"}
+    assert 0 < len(row["token_ids"]) <= 12
+    stats = row["stats"]
+    assert stats["new_tokens"] == len(row["token_ids"])
+    assert stats["target_forwards"] == stats["verify_steps"] + 1
+    assert stats["accepted_tokens"] <= stats["drafted_tokens"]
+    assert stats["tau"] >= 1.0
