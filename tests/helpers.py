@@ -41,8 +41,9 @@ def tiny_target(family: str = "llama", dtype=torch.float64, seed: int = 0, peake
 class OracleProposer:
     """Drafts what the target itself would say: full recompute, no cache (tiny models only).
 
-    Chain: the target's greedy continuation. Tree: the target's own top-k at every node, so the
-    greedy path is always in the tree. Every draft must be accepted: tau = depth + 1.
+    Chain: the target's greedy continuation. Tree: the target's own top-k at every node, scored
+    0 for the argmax and -1, -2, ... for the others, so the greedy path always leads the EAGLE-2
+    frontier and survives pruning. Every draft must be accepted: tau = depth + 1.
     """
 
     def __init__(self, target: Target):
@@ -56,9 +57,9 @@ class OracleProposer:
         self.tokens = tokens.clone()
 
     @torch.inference_mode()
-    def _logp(self, prefix: list[int]) -> torch.Tensor:
-        ids = torch.tensor([prefix])
-        return torch.log_softmax(self.target.model(ids).logits[0, -1].double(), -1)
+    def _top(self, prefix: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.target.model(torch.tensor([prefix])).logits[0, -1]
+        return torch.topk(logits, k).indices, -torch.arange(k, dtype=torch.float64)
 
     def propose(self, shape: TreeShape, params, generator) -> DraftTree:
         context = self.tokens.tolist()
@@ -68,10 +69,9 @@ class OracleProposer:
             out_t, out_l = [], []
             for node, tok, parent in zip(nodes, toks, parents):
                 prefixes[node] = prefixes[parent] + [tok]
-                top = torch.topk(self._logp(prefixes[node]), shape.top_k)
-                out_t.append(top.indices)
-                out_l.append(top.values)
+                tokens, scores = self._top(prefixes[node], shape.top_k)
+                out_t.append(tokens)
+                out_l.append(scores)
             return torch.stack(out_t), torch.stack(out_l)
 
-        first = torch.topk(self._logp(context), shape.top_k)
-        return build_dynamic_tree(context[-1], first.indices, first.values, expand, shape)
+        return build_dynamic_tree(context[-1], *self._top(context, shape.top_k), expand, shape)
