@@ -22,7 +22,9 @@ from .errors import AnchorspecError
 from .models.drafter import Eagle3Drafter, load_drafter
 from .models.target import Target, load_target, parse_dtype
 
-DEFAULT_TREE = TreeShape(top_k=8, depth=6, total_tokens=32)
+# CPU-sized: a 16-token verification costs ~1.6x a decode step here, 32 tokens ~2.2x (benchmarks/bench_core.py);
+# EAGLE's GPU default (10, 7, 60) would need tau > 4 just to break even.
+DEFAULT_TREE = TreeShape(top_k=4, depth=4, total_tokens=16)
 
 
 @dataclass

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from .errors import AnchorspecError
 
 
@@ -85,19 +87,21 @@ def cmd_generate(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads)
     total = None
-    for i, prompt in enumerate(prompts):
+    bar = tqdm(prompts, desc="generate", unit="prompt", disable=len(prompts) < 2, file=sys.stderr)
+    for i, prompt in enumerate(bar):
         seed = None if args.seed is None else args.seed + i
         res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
                               shape=shape, speculative=not args.no_spec)
         total = res.stats if total is None else total.merge(res.stats)
+        bar.set_postfix(tau=f"{total.tau:.2f}", tok_s=f"{total.tokens_per_s:.1f}")
         if args.json:
-            print(json.dumps(res.to_dict(), ensure_ascii=False), flush=True)
+            bar.write(json.dumps(res.to_dict(), ensure_ascii=False), file=sys.stdout)
         else:
-            print(res.text, flush=True)
             s = res.stats
-            print(f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
-                  f"{s.target_forwards} target forwards]", file=sys.stderr, flush=True)
+            bar.write(res.text, file=sys.stdout)
+            bar.write(f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
+                      f"{s.target_forwards} target forwards]", file=sys.stderr)
     if not args.json and len(prompts) > 1:
         print(f"[all {len(prompts)} prompts: {total.new_tokens} tokens, {total.tokens_per_s:.1f} tok/s, "
               f"tau {total.tau:.2f}]", file=sys.stderr)
@@ -150,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int)
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
-    shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="EAGLE-2 dynamic tree (default 8,6,32)")
+    shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="EAGLE-2 dynamic tree (default 4,4,16)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     g.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
@@ -170,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading a small model is instant; keep stderr for our own lines
     try:
         return args.func(args)
     except AnchorspecError as exc:

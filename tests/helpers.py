@@ -9,13 +9,15 @@ from anchorspec.decode.tree import DraftTree, TreeShape, build_dynamic_tree
 from anchorspec.models.target import Target
 
 VOCAB = 96
-# Five families with different blocks: Llama; Qwen2 (qkv bias); Qwen3 (q/k norm); Mistral; OLMo2 (post-norms).
+# Six families with different blocks: Llama; Qwen2 (qkv bias); Qwen3 (q/k norm); Mistral; OLMo2
+# (post-norms); Granite (scaled residuals, embeddings and logits).
 FAMILIES = {
     "llama": ("LlamaConfig", {}),
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {}),
     "mistral": ("MistralConfig", {"sliding_window": None}),
     "olmo2": ("Olmo2Config", {"pad_token_id": 0, "eos_token_id": None}),
+    "granite": ("GraniteConfig", {"logits_scaling": 4.0}),  # rescales logits after the LM head
 }
 
 

@@ -79,12 +79,18 @@ def _proposer(target):
     return EagleProposer(drafter)
 
 
-def test_drafting_leaves_drafter_cache_untouched():
+def _primed_proposer():
+    """A proposer that has seen a 12-token context plus the pending token 9."""
     target = tiny_target("llama")
     proposer = _proposer(target)
     ids = torch.arange(3, 15)
     aux = target.forward(ids, torch.arange(12), target.new_cache(), capture_aux=True).aux
     proposer.update(torch.cat([ids, torch.tensor([9])]), aux)
+    return proposer
+
+
+def test_drafting_leaves_drafter_cache_untouched():
+    proposer = _primed_proposer()
     k, v = proposer.cache.k.clone(), proposer.cache.v.clone()
     for shape in (TreeShape.chain(4), TreeShape(4, 4, 16)):
         proposer.propose(shape, SamplingParams(), None)
@@ -107,11 +113,7 @@ def test_incremental_drafter_updates_equal_one_pass():
 
 def test_tree_drafting_matches_chain_drafting_on_the_top_branch():
     """With top_k=1 the dynamic tree must reproduce greedy chain drafting exactly (same masks, positions)."""
-    target = tiny_target("llama")
-    proposer = _proposer(target)
-    ids = torch.arange(3, 15)
-    aux = target.forward(ids, torch.arange(12), target.new_cache(), capture_aux=True).aux
-    proposer.update(torch.cat([ids, torch.tensor([9])]), aux)
+    proposer = _primed_proposer()
     chain = proposer.propose(TreeShape.chain(5), SamplingParams(), None)
     tree = proposer._tree(TreeShape(1, 5, 6))
     assert tree.tokens.tolist() == chain.tokens.tolist()

@@ -1,7 +1,7 @@
 """Greedy speculative output == plain greedy output, token for token, in float64.
 
 Random drafter (almost nothing accepted: the rollback path runs every step), oracle drafter
-(everything accepted: tau = depth + 1), chains and trees, five model families, stop tokens inside
+(everything accepted: tau = depth + 1), chains and trees, six model families, stop tokens inside
 a draft and the max-new-tokens limit.
 """
 
@@ -139,3 +139,4 @@ def test_seeded_sampling_is_reproducible(shape):
     assert run(7) == run(7)
     assert run(7, False) == run(7, False)
     assert len({tuple(run(s)) for s in range(4)}) > 1  # the seed matters
+
