@@ -10,7 +10,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_forwards: int = 0  # prefill + one per verification (or per token for vanilla)
-    verify_steps: int = 0
+    verify_steps: int = 0  # verifications of a non-empty draft (tau is averaged over these)
     drafted_tokens: int = 0  # tree nodes proposed (excluding the root)
     accepted_tokens: int = 0  # drafted tokens the verifier accepted
     reached_per_depth: list[int] = field(default_factory=list)  # steps whose draft reached depth d with d-1 accepted

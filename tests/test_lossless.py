@@ -111,6 +111,10 @@ def test_exact_max_new_tokens(max_new):
         res = generate_speculative(target, OracleProposer(target), prompt, cfg, shape)
         assert res.token_ids == ref.token_ids
         assert res.finish_reason == "length"
+        stats = res.stats
+        if shape.is_chain:  # drafts are cut to the budget, and the oracle's are all accepted
+            assert stats.accepted_tokens == stats.drafted_tokens
+        assert stats.acceptance_per_depth == [1.0] * len(stats.acceptance_per_depth)
 
 
 def test_vanilla_loop_matches_hf_generate():

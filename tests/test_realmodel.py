@@ -49,6 +49,7 @@ def test_cli_json_output(engine_and_drafter, capsys):
     assert 0 < len(row["token_ids"]) <= 12
     stats = row["stats"]
     assert stats["new_tokens"] == len(row["token_ids"])
-    assert stats["target_forwards"] == stats["verify_steps"] + 1
+    # prefill + verifications (+ one plain step when the budget leaves room for a single token)
+    assert stats["verify_steps"] + 1 <= stats["target_forwards"] <= stats["verify_steps"] + 2
     assert stats["accepted_tokens"] <= stats["drafted_tokens"]
     assert stats["tau"] >= 1.0

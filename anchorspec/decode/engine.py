@@ -148,11 +148,11 @@ def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: Ge
 
     while not stop:
         t = time.perf_counter()
-        proposer.update(sequence, aux)
         step_shape = _shape_for(shape, out.remaining)
-        if step_shape is None:
+        if step_shape is None:  # room for one token only: a plain decode step, nothing to draft
             tree = DraftTree(sequence[-1:].clone(), [-1])
         else:
+            proposer.update(sequence, aux)
             tree = proposer.propose(step_shape, cfg.sampling, gen)
         t1 = time.perf_counter()
         stats.draft_s += t1 - t
@@ -164,7 +164,10 @@ def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: Ge
         verdict = _verify(tree, verified.logits, cfg.sampling, gen)
         commit_path(cache, committed, verdict.path)
         committed += len(verdict.path)
-        stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
+        if tree.size > 1:
+            stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
+        else:
+            stats.target_forwards += 1
         new = [int(tree.tokens[i]) for i in verdict.path[1:]] + [verdict.next_token]
         for token in new:
             if out.push(token):
