@@ -71,6 +71,11 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
+def _summary(stats, speculative: bool) -> str:
+    text = f"{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s"
+    return f"{text}, tau {stats.tau:.2f}" if speculative else text
+
+
 def cmd_generate(args) -> int:
     from .api import DEFAULT_TREE, load
     from .decode.tree import TreeShape
@@ -94,17 +99,15 @@ def cmd_generate(args) -> int:
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
                               shape=shape, speculative=not args.no_spec)
         total = res.stats if total is None else total.merge(res.stats)
-        bar.set_postfix(tau=f"{total.tau:.2f}", tok_s=f"{total.tokens_per_s:.1f}")
+        bar.set_postfix_str(_summary(total, speculative=not args.no_spec))
         if args.json:
             bar.write(json.dumps(res.to_dict(), ensure_ascii=False), file=sys.stdout)
         else:
-            s = res.stats
             bar.write(res.text, file=sys.stdout)
-            bar.write(f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
-                      f"{s.target_forwards} target forwards]", file=sys.stderr)
+            bar.write(f"[{_summary(res.stats, not args.no_spec)}, {res.stats.target_forwards} target forwards]",
+                      file=sys.stderr)
     if not args.json and len(prompts) > 1:
-        print(f"[all {len(prompts)} prompts: {total.new_tokens} tokens, {total.tokens_per_s:.1f} tok/s, "
-              f"tau {total.tau:.2f}]", file=sys.stderr)
+        print(f"[all {len(prompts)} prompts: {_summary(total, not args.no_spec)}]", file=sys.stderr)
     return 0
 
 
