@@ -86,6 +86,8 @@ def cmd_generate(args) -> int:
         raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
     if (args.chain is not None or args.tree is not None) and args.no_spec:
         raise AnchorspecError("--chain/--tree need a drafter; they conflict with --no-spec")
+    if args.system is not None and not args.chat:
+        raise AnchorspecError("--system needs --chat (the system prompt goes through the chat template)")
     if args.chain is not None and args.chain < 1:
         raise AnchorspecError(f"--chain must be >= 1, got {args.chain}")
     shape = TreeShape.chain(args.chain) if args.chain is not None else (args.tree or DEFAULT_TREE)

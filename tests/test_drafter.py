@@ -869,6 +869,7 @@ def generate_error_cases(target_dir, prompts_dir):
         "--tree a,b,c": (t + ["--drafter", prompts_dir, "--prompt", "w1", "--tree", "a,b,c"], ["--tree"]),
         "--tree with --no-spec": (t + ["--no-spec", "--prompt", "w1", "--tree", "2,2,4"], ["--tree", "--no-spec"]),
         "--chain 0": (t + ["--drafter", prompts_dir, "--prompt", "w1", "--chain", "0"], ["--chain", "0"]),
+        "--system without --chat": (t + ["--no-spec", "--prompt", "w1", "--system", "be brief"], ["--system", "--chat"]),
         "missing prompts file": (t + ["--no-spec", "--prompts", prompts_dir / "nope.jsonl"], ["nope.jsonl", "does not exist"]),
         "malformed JSONL": (t + ["--no-spec", "--prompts", prompts_dir / "bad.jsonl"], ["bad.jsonl:2:", "not valid JSON"]),
         "row without prompt": (t + ["--no-spec", "--prompts", prompts_dir / "nofield.jsonl"], ["nofield.jsonl:3:"]),
@@ -879,7 +880,7 @@ def generate_error_cases(target_dir, prompts_dir):
 
 
 GENERATE_CASES = ["both --no-spec and --drafter", "neither", "--tree 1,2", "--tree a,b,c", "--tree with --no-spec",
-                  "--chain 0", "missing prompts file", "malformed JSONL", "row without prompt", "empty prompts file",
+                  "--chain 0", "--system without --chat", "missing prompts file", "malformed JSONL", "row without prompt", "empty prompts file",
                   "missing drafter dir", "missing target dir"]
 
 
