@@ -569,7 +569,7 @@ def test_default_mapping_is_first_ids():
 
 
 @pytest.mark.parametrize("ids, pattern", [
-    (list(range(DRAFT_VOCAB - 1)) + [0], r"needs 40 unique ids"),               # a duplicate
+    (list(range(DRAFT_VOCAB - 1)) + [0], r"unique, got 40 ids with 39 distinct"),               # a duplicate
     (list(range(DRAFT_VOCAB - 1)), r"needs 40 unique ids, got 39"),             # too few
     (list(range(DRAFT_VOCAB + 1)), r"needs 40 unique ids, got 41"),             # too many
     (list(range(DRAFT_VOCAB - 1)) + [VOCAB], r"0\.\.95"),                       # id == vocab

@@ -278,14 +278,14 @@ class Eagle3Drafter(nn.Module):
 
     def set_vocab_mapping(self, draft_token_ids: torch.Tensor) -> None:
         """Use the given target ids (any order, unique) as the draft vocabulary."""
-        used = torch.sort(torch.as_tensor(draft_token_ids, dtype=torch.long)).values
-        if used.numel() != self.config.draft_vocab_size or used.unique().numel() != used.numel():
-            raise AnchorspecError(f"draft vocabulary needs {self.config.draft_vocab_size} unique ids, got {used.numel()}")
-        if used[0] < 0 or used[-1] >= self.config.vocab_size:
-            raise AnchorspecError(f"draft vocabulary ids must lie in 0..{self.config.vocab_size - 1}")
-        self.d2t.copy_(used - torch.arange(used.numel()))
-        self.t2d.zero_()
-        self.t2d[used] = True
+        from ..train.vocab import vocab_mapping  # the one definition of the d2t/t2d convention
+
+        ids = torch.as_tensor(draft_token_ids, dtype=torch.long).view(-1)
+        if ids.numel() != self.config.draft_vocab_size:
+            raise AnchorspecError(f"draft vocabulary needs {self.config.draft_vocab_size} unique ids, got {ids.numel()}")
+        d2t, t2d = vocab_mapping(ids, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
 
     # --- math -----------------------------------------------------------------------------------
     def project_features(self, aux: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Training: draft vocabulary, TTT trainer (data -> features -> train)."""

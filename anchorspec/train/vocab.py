@@ -1,0 +1,130 @@
+"""Draft vocabulary selection and the d2t/t2d mapping (eagle31-spec.md §4).
+
+Counts token frequencies over the loss-masked (assistant) positions of the training data, takes the
+``draft_vocab_size`` most frequent ids (ties -> lower id; forced ids such as EOS displace the least frequent;
+padding with the lowest unused ids when too few tokens occur, as TorchSpec does), and builds
+``d2t[i] = used[i] - i`` (int64 offsets) and ``t2d`` (bool mask over the target vocabulary), exactly as
+``Eagle3Drafter.set_vocab_mapping`` does. All functions are pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from anchorspec.errors import AnchorspecError
+
+__all__ = ["count_loss_tokens", "select_draft_vocab", "vocab_mapping", "coverage"]
+
+
+def _as_int_tensor(x, what: str) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    if t.numel() == 0:
+        return t.to(torch.long)
+    if t.is_floating_point() or t.is_complex():
+        raise AnchorspecError(f"{what} must hold integers, got dtype {t.dtype}")
+    return t.to(torch.long)
+
+
+def count_loss_tokens(batches: Iterable, vocab_size: int) -> torch.Tensor:
+    """Frequency of each token id over positions with loss_mask == 1; int64 tensor of length vocab_size.
+
+    ``batches`` yields (input_ids, loss_mask) pairs: lists or 1-D/2-D tensors of equal shape, masks of 0/1.
+    """
+    if int(vocab_size) < 1:
+        raise AnchorspecError(f"vocab_size={vocab_size} must be >= 1")
+    vocab_size = int(vocab_size)
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for n, pair in enumerate(batches):
+        try:
+            input_ids, loss_mask = pair
+        except (TypeError, ValueError):
+            raise AnchorspecError(f"batch {n}: expected an (input_ids, loss_mask) pair, got {type(pair).__name__}") from None
+        ids = _as_int_tensor(input_ids, f"batch {n}: input_ids")
+        mask = torch.as_tensor(loss_mask)
+        if ids.dim() not in (1, 2):
+            raise AnchorspecError(f"batch {n}: input_ids must be 1-D or 2-D, got shape {tuple(ids.shape)}")
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise AnchorspecError(f"batch {n}: loss_mask shape {tuple(mask.shape)} != input_ids shape {tuple(ids.shape)}")
+        if ids.numel() == 0:
+            continue
+        bad_mask = ~((mask == 0) | (mask == 1))
+        if bool(bad_mask.any()):
+            raise AnchorspecError(f"batch {n}: loss_mask must be 0/1, found value {mask[bad_mask].flatten()[0].item()}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise AnchorspecError(f"batch {n}: token id {bad} outside the vocabulary 0..{vocab_size - 1}")
+        counts += torch.bincount(ids[mask == 1], minlength=vocab_size)
+    return counts
+
+
+def select_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, always_include=()) -> torch.Tensor:
+    """The draft_vocab_size most frequent target ids, sorted ascending (int64).
+
+    Ties go to the lower id; ids in ``always_include`` (e.g. EOS / end-of-turn) are forced in, displacing the
+    least frequent; if fewer ids have nonzero counts than needed, the lowest unused ids fill the rest.
+    """
+    counts = torch.as_tensor(counts)
+    if counts.dim() != 1 or counts.numel() == 0:
+        raise AnchorspecError(f"counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
+    if counts.is_complex() or not bool((counts >= 0).all()):
+        raise AnchorspecError("counts must be non-negative numbers")
+    V = counts.numel()
+    k = int(draft_vocab_size)
+    if not 1 <= k <= V:
+        raise AnchorspecError(f"draft_vocab_size={draft_vocab_size} must be in 1..vocab_size={V}")
+    inc = always_include if isinstance(always_include, torch.Tensor) else list(always_include)
+    forced = _as_int_tensor(inc, "always_include").view(-1).unique()  # sorted, deduplicated
+    if forced.numel() and (int(forced[0]) < 0 or int(forced[-1]) >= V):
+        bad = int(forced[0]) if int(forced[0]) < 0 else int(forced[-1])
+        raise AnchorspecError(f"always_include id {bad} outside the vocabulary 0..{V - 1}")
+    if forced.numel() > k:
+        raise AnchorspecError(f"always_include has {forced.numel()} ids, more than draft_vocab_size={k}")
+    # Stable descending sort: equal counts keep ascending id order, zero-count ids come last in id order
+    # (which is the "pad with the lowest unused ids" rule).
+    order = torch.sort(counts, descending=True, stable=True).indices
+    is_forced = torch.zeros(V, dtype=torch.bool)
+    is_forced[forced] = True
+    rest = order[~is_forced[order]][: k - forced.numel()]
+    return torch.sort(torch.cat([forced, rest])).values
+
+
+def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) for a draft vocabulary: d2t[i] = used[i] - i (int64), t2d[v] = v in used (bool, len vocab_size)."""
+    V = int(vocab_size)
+    used = _as_int_tensor(draft_ids, "draft_ids")
+    if used.dim() != 1 or used.numel() == 0:
+        raise AnchorspecError(f"draft_ids must be a non-empty 1-D tensor, got shape {tuple(used.shape)}")
+    used = torch.sort(used).values
+    if used.unique().numel() != used.numel():
+        raise AnchorspecError(f"draft_ids must be unique, got {used.numel()} ids with {used.unique().numel()} distinct")
+    if int(used[0]) < 0 or int(used[-1]) >= V:
+        bad = int(used[0]) if int(used[0]) < 0 else int(used[-1])
+        raise AnchorspecError(f"draft id {bad} outside the vocabulary 0..{V - 1}")
+    d2t = used - torch.arange(used.numel(), dtype=torch.long)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[used] = True
+    return d2t, t2d
+
+
+def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
+    """Share of loss-masked token occurrences whose id is in the draft vocabulary (an upper bound on acceptance)."""
+    counts = torch.as_tensor(counts)
+    if counts.dim() != 1 or counts.numel() == 0:
+        raise AnchorspecError(f"counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
+    if counts.is_complex() or not bool((counts >= 0).all()):
+        raise AnchorspecError("counts must be non-negative numbers")
+    ids = _as_int_tensor(draft_ids, "draft_ids").view(-1)
+    if ids.unique().numel() != ids.numel():
+        raise AnchorspecError(f"draft_ids must be unique, got {ids.numel()} ids with {ids.unique().numel()} distinct")
+    V = counts.numel()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise AnchorspecError(f"draft id {bad} outside the vocabulary 0..{V - 1}")
+    c = counts.to(torch.float64)
+    total = float(c.sum())
+    if total == 0:
+        raise AnchorspecError("coverage is undefined: no loss-masked tokens were counted (all loss_mask == 0?)")
+    return float(c[ids].sum()) / total
