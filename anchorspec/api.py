@@ -19,6 +19,7 @@ from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
 from .decode.tree import TreeShape
 from .errors import AnchorspecError
+from .metrics import GenerationStats
 from .models.drafter import Eagle3Drafter, load_drafter
 from .models.target import Target, load_target, parse_dtype
 
@@ -32,7 +33,7 @@ class Completion:
     text: str
     token_ids: list[int]
     finish_reason: str
-    stats: "GenerationStats"  # noqa: F821
+    stats: GenerationStats
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..errors import AnchorspecError
+from ..models.drafter import additive_mask
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,6 @@ class DraftTree:
 def tree_attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
     """Additive [1, 1, N, past_len + N]: every node sees the whole committed context, then
     itself and its ancestors only (the same attention it would get on its own branch)."""
-    from ..models.drafter import additive_mask
-
     anc = tree.ancestors()
     allowed = torch.cat([torch.ones(tree.size, past_len, dtype=torch.bool), anc], dim=1)
     return additive_mask(allowed.to(device), dtype)[None, None]
