@@ -40,19 +40,14 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def read_prompts(path: str) -> list[str]:
     """JSONL: objects with `prompt` (or `instruction`/`question`) or MT-bench `turns` (first turn), or JSON strings."""
-    p = Path(path)
-    if not p.is_file():
+    from .data.readers import PROMPT_FIELDS, jsonl_rows
+
+    if not Path(path).is_file():
         raise AnchorspecError(f"prompts file {path} does not exist")
     prompts = []
-    for n, line in enumerate(p.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AnchorspecError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    for n, row in jsonl_rows(path):
         if isinstance(row, dict):
-            for key in ("prompt", "instruction", "question"):
+            for key in PROMPT_FIELDS:
                 if isinstance(row.get(key), str):
                     prompts.append(row[key])
                     break

@@ -40,7 +40,7 @@ def _line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def _jsonl_rows(path, text: str | None = None) -> Iterator[tuple[int, object]]:
+def jsonl_rows(path, text: str | None = None) -> Iterator[tuple[int, object]]:
     """(line number, decoded value) for each non-blank line."""
     for n, line in enumerate((_read_text(path) if text is None else text).splitlines(), 1):
         if not line.strip():
@@ -161,7 +161,7 @@ def _check_message(msg, where: str, k: int) -> dict:
 def read_messages_jsonl(path) -> list[list[dict]]:
     """Conversations from OpenAI-style JSONL: one ``{"messages": [{"role", "content"}]}`` per line."""
     out = []
-    for n, row in _jsonl_rows(path):
+    for n, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row["messages"]:
             raise AnchorspecError(f"{path}:{n}: expected an object with a non-empty 'messages' list")
         out.append([_check_message(m, f"{path}:{n}", k) for k, m in enumerate(row["messages"])])
@@ -171,7 +171,7 @@ def read_messages_jsonl(path) -> list[list[dict]]:
 def read_turns_jsonl(path) -> list[list[str]]:
     """User turns per row from MT-bench-style JSONL (``{"turns": [str, ...]}``), e.g. for regeneration."""
     out = []
-    for n, row in _jsonl_rows(path):
+    for n, row in jsonl_rows(path):
         turns = row.get("turns") if isinstance(row, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise AnchorspecError(f"{path}:{n}: expected an object with a non-empty 'turns' list of strings")
@@ -189,7 +189,7 @@ def read_prompts(path, field: str | None = None) -> list[str]:
         if not text.rstrip().endswith("]"):
             raise AnchorspecError(f"{path}: JSON array is truncated (no closing ']')")
     else:
-        rows = list(_jsonl_rows(path, text))
+        rows = list(jsonl_rows(path, text))
     if not rows:
         raise AnchorspecError(f"prompts file {path} holds no rows")
     if field is None:
