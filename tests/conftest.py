@@ -15,3 +15,12 @@ def tiny_llama():
     from helpers import tiny_target
 
     return tiny_target("llama")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread avoids OpenMP oversubscription on a busy 2-core box."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -77,3 +77,61 @@ class OracleProposer:
             return torch.stack(out_t), torch.stack(out_l)
 
         return build_dynamic_tree(context[-1], *self._top(context, shape.top_k), expand, shape)
+
+
+# ChatML without a default system prompt: prefix-stable, so render_with_loss_mask can mask replies.
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_ROLES = ["system", "user", "assistant"]
+# Plain words of the tiny chat tokenizer: w0 .. w{VOCAB - 7} (ids 6 ..); content should use only these.
+CHAT_WORDS = [f"w{i}" for i in range(VOCAB - len(CHAT_SPECIALS) - len(CHAT_ROLES))]
+
+
+def tiny_chat_tokenizer():
+    """A fast word-level tokenizer (whitespace split) over CHAT_WORDS with a ChatML template, eos <|im_end|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = CHAT_SPECIALS + CHAT_ROLES + CHAT_WORDS
+    assert len(vocab) == VOCAB
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                                chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    return fast
+
+
+def save_tiny_chat_target(path, family: str = "llama", dtype=torch.float64, seed: int = 0):
+    """Save a tiny random target (see tiny_target) plus tiny_chat_tokenizer() to ``path``, loadable by
+    load_target and the CLI; the model's eos is the template's end-of-turn token. Returns ``path``."""
+    tokenizer = tiny_chat_tokenizer()
+    model = tiny_target(family, dtype=dtype, seed=seed).model
+    eos = tokenizer.eos_token_id
+    model.config.eos_token_id = eos
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_conversations(n: int = 24, seed: int = 0) -> list[list[dict]]:
+    """``n`` seeded two-turn [user, assistant] conversations over CHAT_WORDS (no system prompt)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def text(lo, hi):
+        return " ".join(rng.choice(CHAT_WORDS) for _ in range(rng.randint(lo, hi)))
+
+    return [[{"role": "user", "content": text(2, 6)}, {"role": "assistant", "content": text(3, 9)}] for _ in range(n)]
+
+
+def write_conversations_jsonl(path, n: int = 24, seed: int = 0):
+    """tiny_conversations as ``{"messages": [...]}`` JSONL at ``path``; returns ``path``."""
+    import json
+    from pathlib import Path
+
+    Path(path).write_text("".join(json.dumps({"messages": c}) + "\n" for c in tiny_conversations(n, seed)))
+    return path

@@ -44,13 +44,7 @@ VARIANTS = ["eagle3", "eagle3.1"]
 # fixtures and helpers
 # --------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP oversubscription on a busy 2-core box."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def llama_config(**overrides) -> transformers.LlamaConfig:

@@ -269,7 +269,10 @@ class Eagle3Drafter(nn.Module):
                 f"drafter expects a target embedding of shape ({self.config.vocab_size}, {self.config.hidden_size}), "
                 f"target has {tuple(weight.shape)} (vocabulary or hidden size mismatch)"
             )
-        self.embed_weight = weight
+        # Not registered as a parameter (a Parameter assigned to a module attribute would be): the
+        # embedding is the target's, frozen, and never part of the drafter's checkpoint.
+        self._parameters.pop("embed_weight", None)
+        object.__setattr__(self, "embed_weight", weight)
 
     @property
     def draft_to_target(self) -> torch.Tensor:

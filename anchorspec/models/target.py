@@ -133,6 +133,22 @@ class Target:
             self._captured = {}
         return TargetOutput(logits=out.logits[0], aux=aux)
 
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, padding_mask: torch.Tensor | None = None) -> TargetOutput:
+        """Training features for a right-padded batch [B, T]: logits [B, T, V] and aux [B, T, n_aux*H].
+
+        Runs under no_grad, not inference_mode: the outputs feed the drafter's autograd graph.
+        """
+        self._capture = True
+        self._captured = {}
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=padding_mask, use_cache=False)
+        finally:
+            self._capture = False
+        aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)
+        self._captured = {}
+        return TargetOutput(logits=out.logits, aux=aux)
+
 
 def load_target(target: str, dtype: str | torch.dtype = "float32", aux_layer_ids=None, attn: str = "sdpa") -> Target:
     """Load a target by directory, alias or hub id."""

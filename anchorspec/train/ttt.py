@@ -105,11 +105,15 @@ def _ttt_attention(drafter: Eagle3Drafter, u, cos, sin, k, kv0, diag, allowed0):
 
 def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor, target_logits: torch.Tensor,
                 loss_mask: torch.Tensor, steps: int = 7, padding_mask: torch.Tensor | None = None,
-                return_logits: bool = False) -> TTTOutput:
+                return_logits: bool = False, target_in_draft: torch.Tensor | None = None) -> TTTOutput:
     """The TTT unroll and loss (see the module docstring for the exact semantics).
 
     aux [B,T,n_aux*Ht], input_ids [B,T], target_logits [B,T,V], loss_mask [B,T] (1 = assistant),
     padding_mask [B,T] (1 = real token; None = no padding).
+
+    With ``target_in_draft`` [B,T] bool (= t2d[argmax Z_t], computed where the full logits were
+    seen), ``target_logits`` are already restricted to the draft vocabulary, [B,T,Vd] in draft-id
+    order (Z[..., draft_to_target]): what the offline feature cache provides without storing V logits.
     """
     if drafter.embed_weight is None:
         raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
@@ -120,9 +124,13 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
         raise AnchorspecError(
             f"TTT inputs disagree: input_ids {tuple(input_ids.shape)}, aux {tuple(aux.shape)}, "
             f"target_logits {tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}")
-    if target_logits.shape[-1] != drafter.config.vocab_size:
-        raise AnchorspecError(f"target logits have {target_logits.shape[-1]} entries, "
-                              f"drafter vocab_size is {drafter.config.vocab_size}")
+    draft_space = target_in_draft is not None
+    want = drafter.config.draft_vocab_size if draft_space else drafter.config.vocab_size
+    if target_logits.shape[-1] != want:
+        raise AnchorspecError(f"target logits have {target_logits.shape[-1]} entries, expected "
+                              + (f"the draft vocabulary's {want}" if draft_space else f"the drafter's vocab_size {want}"))
+    if draft_space and tuple(target_in_draft.shape) != (B, T):
+        raise AnchorspecError(f"target_in_draft has shape {tuple(target_in_draft.shape)}, expected {(B, T)}")
     device = input_ids.device
     K = steps
     mid = drafter.midlayer
@@ -169,9 +177,14 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
             continue
         Z = target_logits[:, k + 1: k + 1 + n].detach()
         Z = Z.to(_score_dtype(Z.dtype))
-        p = torch.softmax(Z[..., draft_to_target], dim=-1)
+        if draft_space:
+            p = torch.softmax(Z, dim=-1)
+            representable = target_in_draft[:, k + 1: k + 1 + n].to(device).bool()
+        else:
+            p = torch.softmax(Z[..., draft_to_target], dim=-1)
+            representable = t2d[Z.argmax(-1)]
         valid = (lmask[:, k + 2: k + 2 + n] & pad[:, :n] & pad[:, k + 1: k + 1 + n] & pad[:, k + 2: k + 2 + n]
-                 & t2d[Z.argmax(-1)])
+                 & representable)
         lg = logits[:, :n]
         ce = -(p.to(lg.dtype) * torch.log_softmax(lg, dim=-1)).sum(-1)
         count = valid.sum()

@@ -1,0 +1,57 @@
+"""The training picture: loss, per-step accuracy and tau over optimizer steps (from metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_metrics(path) -> tuple[list[dict], list[dict]]:
+    """(training records, evaluation records) from a metrics.jsonl; unreadable lines are skipped."""
+    train, evals = [], []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        (evals if "eval" in rec else train).append(rec)
+    return train, evals
+
+
+def plot_training(metrics_path, png_path, title: str = "TTT training") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train, evals = read_metrics(metrics_path)
+    if not train:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    steps = [r["step"] for r in train]
+    axes[0].plot(steps, [r["loss"] for r in train])
+    axes[0].set(title="train loss (sum of 0.8^k-weighted steps)", xlabel="step", yscale="log")
+    K = len(train[-1]["acc_per_step"])
+    cmap = plt.get_cmap("viridis")
+    for k in range(K):
+        axes[1].plot(steps, [r["acc_per_step"][k] for r in train], color=cmap(k / max(1, K - 1)), label=f"step {k}")
+    if evals:
+        for k in range(K):
+            axes[1].plot([e["step"] for e in evals], [e["eval"]["heldout_acc"][k] for e in evals], "o",
+                         color=cmap(k / max(1, K - 1)), markersize=4)
+    axes[1].set(title="accuracy per TTT step (lines: train, dots: held-out)", xlabel="step", ylim=(0, 1))
+    axes[1].legend(fontsize=7, ncol=2)
+    axes[2].plot(steps, [r["train_sim_tau"] for r in train], alpha=0.5, label="simulated tau (train)")
+    if evals:
+        es = [e["step"] for e in evals]
+        axes[2].plot(es, [e["eval"]["sim_tau"] for e in evals], "o-", label="simulated tau (held-out)")
+        if "gen_tau" in evals[0]["eval"]:
+            axes[2].plot(es, [e["eval"]["gen_tau"] for e in evals], "s-", label="generate tau (tree, held-out prompts)")
+    axes[2].set(title="acceptance length tau", xlabel="step")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = Path(png_path).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(png_path)

@@ -1,0 +1,563 @@
+"""The TTT trainer: data -> online target features -> drafter update, with evaluation by acceptance.
+
+One optimizer step consumes ``grad_accum x world_size`` micro-batches; micro-batch number
+``(step * grad_accum + a) * world_size + rank`` goes to rank ``rank`` at accumulation round ``a``.
+The batch order is a pure function of the seed (``dataset.BatchStream``), so a resumed job and a
+job on N ranks see exactly the batches of an uninterrupted single-process job with the same global
+batch.
+
+Output directory:
+    run.json              config, data and vocabulary figures (what was trained on)
+    metrics.jsonl         one line per logged step / evaluation
+    training.png          loss, per-step accuracy and tau over steps
+    best/                 the drafter with the best measured acceptance (not the lowest loss)
+    final/                the drafter after the last step
+    checkpoints/step-N/   resumable state (drafter + optimizer + scheduler), `latest` names the newest
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from anchorspec.errors import AnchorspecError
+
+from ..data.chat import DROP, KEEP
+from ..models.drafter import Eagle3Drafter, _atomic_write, init_drafter, load_drafter, save_drafter
+from ..models.target import Target, load_target, parse_dtype
+from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, read_conversations, split_heldout, \
+    tokenize_conversations
+from .ttt import ttt_forward
+from .vocab import count_loss_tokens, coverage, select_draft_vocab
+
+# Changing any of these changes the training trajectory, so --resume refuses a different value.
+TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
+                     "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
+                     "system", "aux_layers", "epochs", "max_steps", "feature_cache")
+
+
+@dataclass
+class TrainConfig:
+    target: str
+    data: list[str]
+    out: str
+    variant: str = "eagle3.1"
+    ttt_steps: int = 7
+    draft_vocab_size: int | None = 16384  # capped at the target vocabulary
+    max_len: int = 2048
+    epochs: int | None = None
+    max_steps: int | None = None
+    lr: float = 1e-4
+    warmup_ratio: float = 0.015
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    batch_tokens: int = 4096  # rows x longest row per micro-batch
+    grad_accum: int = 1
+    dtype: str = "bfloat16"  # target dtype and autocast dtype; masters stay fp32 (fp64 for float64)
+    seed: int = 0
+    heldout: float = 0.02
+    system: str = "keep"  # keep | drop | vary
+    system_choices: list | None = None  # for system="vary"; None entries = no system prompt
+    aux_layers: list[int] | None = None
+    log_every: int = 10
+    eval_every: int = 100
+    save_every: int = 100
+    eval_prompts: int = 4  # held-out prompts answered by real speculative generation
+    eval_new_tokens: int = 64
+    feature_cache: str | None = None  # directory of the offline cache (built on first use); None = online
+    resume: bool = False
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.variant not in ("eagle3", "eagle3.1"):
+            raise AnchorspecError(f"--variant must be eagle3 or eagle3.1, got {self.variant!r}")
+        if (self.epochs is None) == (self.max_steps is None):
+            raise AnchorspecError("give exactly one of --epochs and --max-steps")
+        for name in ("ttt_steps", "max_len", "batch_tokens", "grad_accum", "log_every", "eval_every", "save_every",
+                     "eval_new_tokens"):
+            if getattr(self, name) < 1:
+                raise AnchorspecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.epochs is not None and self.epochs < 1:
+            raise AnchorspecError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise AnchorspecError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if not self.lr > 0:
+            raise AnchorspecError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise AnchorspecError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 < self.heldout < 1:
+            raise AnchorspecError(f"--heldout must be in (0, 1), got {self.heldout}")
+        if self.system not in ("keep", "drop", "vary"):
+            raise AnchorspecError(f"--system must be keep, drop or vary, got {self.system!r}")
+        if self.system == "vary" and not self.system_choices:
+            raise AnchorspecError("--system vary needs system prompt choices")
+        if self.eval_prompts < 0:
+            raise AnchorspecError(f"--eval-prompts must be >= 0, got {self.eval_prompts}")
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warmup to 1, then cosine decay to 0 at `total` (the multiplier of the peak lr)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def simulated_tau(acc_per_step) -> float:
+    """Expected tokens per chain step if step k is accepted with probability acc_k given all earlier
+    ones were: 1 + sum_k prod_{i<=k} acc_i (the bonus token plus the expected accepted drafts)."""
+    tau, run = 1.0, 1.0
+    for a in acc_per_step:
+        run *= float(a)
+        tau += run
+    return tau
+
+
+class TTTObjective(nn.Module):
+    """The drafter with the TTT loss as its forward, so DistributedDataParallel can wrap it."""
+
+    def __init__(self, drafter: Eagle3Drafter, steps: int):
+        super().__init__()
+        self.drafter = drafter
+        self.steps = steps
+
+    def forward(self, aux, input_ids, target_logits, loss_mask, padding_mask, target_in_draft=None):
+        out = ttt_forward(self.drafter, aux, input_ids, target_logits, loss_mask, self.steps, padding_mask,
+                          target_in_draft=target_in_draft)
+        return out.loss, out.loss_per_step, out.acc_per_step, out.valid_per_step
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "_Dist":
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        if not dist.is_initialized():
+            import datetime
+
+            # Rank 0 alone builds the feature cache while the others wait: allow a long barrier.
+            hours = float(os.environ.get("ANCHORSPEC_DIST_TIMEOUT_H", "12"))
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                    timeout=datetime.timedelta(hours=hours))
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+@dataclass
+class _Accum:
+    """Loss and accuracy sums over the micro-batches of a logging window (weighted by valid counts)."""
+    loss: float = 0.0
+    batches: int = 0
+    tokens: int = 0
+    correct: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    loss_k: torch.Tensor | None = None
+
+    def add(self, loss, loss_k, acc_k, valid_k, tokens):
+        c = (acc_k.detach().double() * valid_k.double())
+        lk = loss_k.detach().double() * valid_k.double()
+        self.correct = c if self.correct is None else self.correct + c
+        self.valid = valid_k.double() if self.valid is None else self.valid + valid_k.double()
+        self.loss_k = lk if self.loss_k is None else self.loss_k + lk
+        self.loss += float(loss.detach())
+        self.batches += 1
+        self.tokens += int(tokens)
+
+
+def _system_arg(cfg: TrainConfig):
+    return {"keep": KEEP, "drop": DROP, "vary": None}[cfg.system]
+
+
+def prepare_data(cfg: TrainConfig, tokenizer) -> tuple[list[Example], DataStats]:
+    stats = DataStats()
+    examples: list[Example] = []
+    for path in cfg.data:
+        convs = read_conversations(path)
+        before = stats.examples
+        examples += tokenize_conversations(tokenizer, convs, cfg.max_len, _system_arg(cfg) or KEEP,
+                                           cfg.system_choices if cfg.system == "vary" else None, cfg.seed, stats)
+        stats.per_source[path] = stats.examples - before
+    if len(examples) < 2:
+        raise AnchorspecError(f"only {len(examples)} usable training examples in {cfg.data} "
+                              f"({stats.dropped_too_long} longer than --max-len {cfg.max_len})")
+    return examples, stats
+
+
+def stop_ids(target: Target) -> list[int]:
+    ids = set()
+    eos = getattr(target.model.generation_config, "eos_token_id", None) or target.config.eos_token_id
+    for e in eos if isinstance(eos, (list, tuple)) else [eos]:
+        if e is not None:
+            ids.add(int(e))
+    tok = target.tokenizer
+    if tok is not None and tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    return sorted(ids)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.dist = _Dist.from_env()
+        self.out = Path(cfg.out)
+        self.ckpt_root = self.out / "checkpoints"
+        dtype = parse_dtype(cfg.dtype)
+        self.autocast = dtype == torch.bfloat16
+        self.master_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.target = load_target(cfg.target, dtype, aux_layer_ids=cfg.aux_layers)
+        for p in self.target.model.parameters():
+            p.requires_grad_(False)
+        if self.target.tokenizer is None:
+            raise AnchorspecError(f"target {cfg.target!r} has no tokenizer; training needs one")
+
+        examples, self.data_stats = prepare_data(cfg, self.target.tokenizer)
+        self.examples = examples
+        self.train_idx, self.held_idx = split_heldout(len(examples), cfg.heldout, cfg.seed, minimum=2)
+        self.train_examples = [examples[i] for i in self.train_idx]
+        self.held_examples = [examples[i] for i in self.held_idx]
+        self.cache = None
+        self.cache_index = None
+        if cfg.feature_cache:
+            from .features import FeatureCache, build_feature_cache
+
+            if self.dist.main:
+                self.cache_index = build_feature_cache(self.target, examples, cfg.feature_cache, cfg.batch_tokens,
+                                                       progress=cfg.progress)
+            self.dist.barrier()
+            self.cache = FeatureCache(cfg.feature_cache, examples)
+        self.stream = BatchStream([len(e.input_ids) for e in self.train_examples], cfg.batch_tokens, cfg.seed)
+        per_step = cfg.grad_accum * self.dist.world
+        self.total_steps = cfg.max_steps or max(1, self.stream.total(cfg.epochs) // per_step)
+        self.warmup = int(cfg.warmup_ratio * self.total_steps)
+
+        V = self.target.vocab_size
+        Vd = min(cfg.draft_vocab_size or V, V)
+        counts = count_loss_tokens(((e.input_ids, e.loss_mask) for e in self.train_examples), V)
+        draft_ids = select_draft_vocab(counts, Vd, always_include=stop_ids(self.target))
+        self.vocab_coverage = coverage(counts, draft_ids)
+        drafter = init_drafter(self.target.config, cfg.variant, Vd, self.target.aux_layer_ids, seed=cfg.seed)
+        drafter.set_vocab_mapping(draft_ids)
+        # detached: a Parameter assigned to a module attribute would become a drafter parameter (and be saved)
+        drafter.to(self.master_dtype).bind_target_embedding(self.target.embed_weight.detach())
+        self.drafter = drafter
+        self.objective = TTTObjective(drafter, cfg.ttt_steps)
+        self.model: nn.Module = self.objective
+        if self.dist.world > 1:
+            self.model = nn.parallel.DistributedDataParallel(self.objective, broadcast_buffers=False)
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, self.total_steps, self.warmup))
+        self.step = 0
+        self.best = {"metric": None, "step": None}
+        self.train_seconds = 0.0
+        self.train_tokens = 0
+        self.eval_prompt_ids = self._eval_prompts()
+
+    # --- evaluation ---------------------------------------------------------------------------
+
+    def _eval_prompts(self) -> list[list[int]]:
+        """Held-out prompts: each example's tokens before its first assistant token."""
+        out = []
+        for e in self.held_examples[: self.cfg.eval_prompts]:
+            first = e.loss_mask.index(1)
+            out.append(e.input_ids[:first])
+        return out
+
+    def _autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out TTT accuracy per step, its simulated tau, and the real tau of speculative generation."""
+        from ..decode.engine import GenerationConfig, generate_speculative
+        from ..decode.propose import EagleProposer
+        from ..api import DEFAULT_TREE
+
+        self.drafter.eval()
+        lengths = [len(e.input_ids) for e in self.held_examples]
+        correct = valid = None
+        for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0):
+            with self._autocast():
+                batch = self._batch([self.held_idx[i] for i in idx])
+                _, _, acc, n = self.objective(*batch)
+            c = acc.double() * n.double()
+            correct = c if correct is None else correct + c
+            valid = n.double() if valid is None else valid + n.double()
+        acc = (correct / valid.clamp(min=1)).tolist()
+        result = {"heldout_acc": acc, "sim_tau": simulated_tau(acc)}
+        if self.eval_prompt_ids:
+            drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
+            drafter.bind_target_embedding(self.target.embed_weight.detach())
+            proposer = EagleProposer(drafter)
+            gcfg = GenerationConfig(max_new_tokens=self.cfg.eval_new_tokens, stop_token_ids=tuple(stop_ids(self.target)))
+            total = None
+            for ids in self.eval_prompt_ids:
+                res = generate_speculative(self.target, proposer, torch.tensor(ids), gcfg, DEFAULT_TREE)
+                total = res.stats if total is None else total.merge(res.stats)
+            result["gen_tau"] = total.tau
+            result["gen_acceptance_per_depth"] = total.acceptance_per_depth
+        self.drafter.train()
+        return result
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def _state(self) -> dict:
+        return {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "best_metric": self.best["metric"], "best_step": self.best["step"],
+                "train_seconds": self.train_seconds, "train_tokens": self.train_tokens}
+
+    def save_checkpoint(self) -> Path:
+        """Write checkpoints/step-N atomically (temp dir + rename), then point `latest` at it."""
+        self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        name = f"step-{self.step:07d}"
+        final = self.ckpt_root / name
+        tmp = self.ckpt_root / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_drafter(self.drafter, tmp)
+        torch.save(self._state(), tmp / "trainer_state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _atomic_write(self.ckpt_root / "latest", lambda f: Path(f).write_text(name + "\n"))
+        for old in self.ckpt_root.glob("step-*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self) -> bool:
+        latest = self.ckpt_root / "latest"
+        if not latest.is_file():
+            return False
+        path = self.ckpt_root / latest.read_text().strip()
+        if not (path / "trainer_state.pt").is_file():
+            raise AnchorspecError(f"{latest} names {path}, which holds no trainer_state.pt")
+        load_drafter(path, self.master_dtype)  # validates the checkpoint against its config
+        # The raw tensors, not load_drafter's module: it builds the drafter in float32 first, which would
+        # round float64 masters and make a resumed run diverge from an uninterrupted one.
+        from safetensors.torch import load_file
+
+        self.drafter.load_state_dict(load_file(str(path / "model.safetensors")))
+        state = torch.load(path / "trainer_state.pt", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.best = {"metric": state["best_metric"], "step": state["best_step"]}
+        self.train_seconds = float(state["train_seconds"])
+        self.train_tokens = int(state["train_tokens"])
+        return True
+
+    def _check_resume_config(self) -> None:
+        run = self.out / "run.json"
+        if not run.is_file():
+            return
+        before = json.loads(run.read_text())["config"]
+        now = json.loads(json.dumps(asdict(self.cfg)))
+        diff = [k for k in TRAJECTORY_FIELDS if before.get(k) != now.get(k)]
+        if diff:
+            raise AnchorspecError(f"--resume with a different {', '.join(diff)} than the run in {self.out} "
+                                  f"(was {', '.join(f'{k}={before.get(k)!r}' for k in diff)}); use a new --out")
+
+    def _trim_metrics(self) -> None:
+        """Drop log lines past the resumed step: they came from work the checkpoint does not hold."""
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= self.step:
+                    keep.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut off by the crash
+        _atomic_write(path, lambda f: Path(f).write_text("".join(x + "\n" for x in keep)))
+
+    def _log(self, record: dict) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _write_run(self, extra: dict | None = None) -> None:
+        s = self.data_stats
+        run = {"config": json.loads(json.dumps(asdict(self.cfg))),
+               "data": {"conversations": s.conversations, "examples": s.examples, "train": len(self.train_examples),
+                        "heldout": len(self.held_examples), "dropped_too_long": s.dropped_too_long,
+                        "dropped_no_loss": s.dropped_no_loss, "tokens": s.tokens, "loss_tokens": s.loss_tokens,
+                        "per_source": s.per_source},
+               "draft_vocab": {"size": self.drafter.config.draft_vocab_size, "coverage": self.vocab_coverage},
+               "total_steps": self.total_steps, "warmup_steps": self.warmup, "world_size": self.dist.world,
+               "micro_batches_per_epoch": self.stream.per_epoch(0), "torch_threads": torch.get_num_threads()}
+        if self.cache_index is not None:
+            run["feature_cache"] = {"dir": self.cfg.feature_cache, "tokens": self.cache_index["tokens"],
+                                    "bytes": self.cache_index["bytes"], "shards": len(self.cache_index["shards"])}
+        run.update(extra or {})
+        self.out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.out / "run.json", lambda f: Path(f).write_text(json.dumps(run, indent=2) + "\n"))
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _batch(self, indices: list[int]) -> tuple:
+        """The objective's inputs for examples `indices` (global): from the cache or a target pass."""
+        ids, lm, pm = collate([self.examples[i] for i in indices])
+        if self.cache is None:
+            feats = self.target.features(ids, pm)
+            return feats.aux, ids, feats.logits, lm, pm, None
+        from .features import draft_logits
+
+        f = self.cache.batch(indices)
+        head = self.target.model.get_output_embeddings()
+        Z = draft_logits(f.hidden, head.weight, self.drafter.draft_to_target, getattr(head, "bias", None))
+        return f.aux, ids, Z, lm, pm, self.drafter.t2d[f.argmax]
+
+    def _micro_batch(self, step: int, a: int) -> tuple:
+        i = (step * self.cfg.grad_accum + a) * self.dist.world + self.dist.rank
+        return self._batch([self.train_idx[j] for j in self.stream.get(i)])
+
+    def train_step(self, window: _Accum) -> tuple[float, int]:
+        """One optimizer step; returns the gradient norm before clipping and this rank's real tokens."""
+        cfg = self.cfg
+        tokens = 0
+        self.drafter.train()
+        for a in range(cfg.grad_accum):
+            last = a == cfg.grad_accum - 1
+            sync = self.model.no_sync() if (self.dist.world > 1 and not last) else _null()
+            with sync:
+                with self._autocast():
+                    batch = self._micro_batch(self.step, a)
+                    loss, loss_k, acc_k, valid_k = self.model(*batch)
+                (loss / cfg.grad_accum).backward()
+            pm = batch[4]
+            window.add(loss, loss_k, acc_k, valid_k, int(pm.sum()))
+            tokens += int(pm.sum())
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return float(gnorm), tokens
+
+    def _window_record(self, window: _Accum, gnorm: float, seconds: float) -> dict:
+        t = torch.tensor([window.loss, window.batches, window.tokens], dtype=torch.float64)
+        packed = torch.cat([t, window.correct, window.valid, window.loss_k])
+        packed = self.dist.all_sum(packed)
+        K = self.cfg.ttt_steps
+        loss, batches, tokens = packed[:3].tolist()
+        correct, valid, loss_k = packed[3:3 + K], packed[3 + K:3 + 2 * K], packed[3 + 2 * K:]
+        acc = (correct / valid.clamp(min=1)).tolist()
+        return {"step": self.step, "loss": loss / max(batches, 1), "loss_per_step": (loss_k / valid.clamp(min=1)).tolist(),
+                "acc_per_step": acc, "train_sim_tau": simulated_tau(acc), "lr": self.scheduler.get_last_lr()[0],
+                "grad_norm": gnorm, "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+    def _maybe_best(self, ev: dict) -> bool:
+        metric = ev.get("gen_tau", ev["sim_tau"])
+        if self.best["metric"] is None or metric > self.best["metric"]:
+            self.best = {"metric": metric, "step": self.step}
+            save_drafter(self.drafter, self.out / "best")
+            _atomic_write(self.out / "best" / "best.json",
+                          lambda f: Path(f).write_text(json.dumps({"step": self.step, **ev}) + "\n"))
+            return True
+        return False
+
+    def run(self) -> dict:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        resumed = False
+        if cfg.resume:
+            self._check_resume_config()
+            resumed = self.load_checkpoint()
+        elif (self.ckpt_root / "latest").exists():
+            raise AnchorspecError(f"{self.out} already holds a training run; pass --resume to continue it, "
+                                  f"or choose another --out")
+        if self.dist.main:
+            self._write_run()
+            if resumed:
+                self._trim_metrics()
+            elif (self.out / "metrics.jsonl").exists():
+                (self.out / "metrics.jsonl").unlink()
+        self.dist.barrier()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.variant}", unit="step",
+                   disable=not (cfg.progress and self.dist.main), dynamic_ncols=True)
+        window, t_window = _Accum(), time.perf_counter()
+        while self.step < self.total_steps:
+            t0 = time.perf_counter()
+            gnorm, tokens = self.train_step(window)
+            self.train_seconds += time.perf_counter() - t0
+            self.train_tokens += tokens
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                rec = self._window_record(window, gnorm, time.perf_counter() - t_window)
+                if self.dist.main:
+                    self._log(rec)
+                    bar.set_postfix_str(f"loss {rec['loss']:.3f} acc0 {rec['acc_per_step'][0]:.2f} "
+                                        f"tau~{rec['train_sim_tau']:.2f}")
+                window, t_window = _Accum(), time.perf_counter()
+            if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
+                if self.dist.main:
+                    ev = self.evaluate()
+                    best = self._maybe_best(ev)
+                    self._log({"step": self.step, "eval": ev, "best": best})
+                    bar.write(f"step {self.step}: held-out sim tau {ev['sim_tau']:.2f}"
+                              + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else "")
+                              + (" (best)" if best else ""))
+                    self._plot()
+                self.dist.barrier()
+                t_window = time.perf_counter()
+            if self.step % cfg.save_every == 0 or self.step == self.total_steps:
+                if self.dist.main:
+                    self.save_checkpoint()
+                self.dist.barrier()
+        bar.close()
+        summary = {"steps": self.step, "train_seconds": self.train_seconds,
+                   "train_tokens_per_s": self.train_tokens * self.dist.world / max(self.train_seconds, 1e-9),
+                   "best_step": self.best["step"], "best_metric": self.best["metric"]}
+        if self.dist.main:
+            save_drafter(self.drafter, self.out / "final")
+            self._write_run({"summary": summary})
+            self._plot()
+        self.dist.barrier()
+        return summary
+
+    def _plot(self) -> None:
+        try:
+            from .plots import plot_training
+
+            plot_training(self.out / "metrics.jsonl", self.out / "training.png", title=f"{self.cfg.variant} TTT")
+        except ImportError:  # matplotlib is optional for training itself
+            pass
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Trained drafters against plain Hugging Face greedy `generate`, batch 1, in one process.
+
+For each MT-bench first turn (chat template applied), the methods run back to back in an order
+that rotates per prompt: HF `generate` greedy (the baseline), then each drafter with speculative
+decoding at temperature 0 on the default tree. Per method: tau (tokens per target forward),
+acceptance per depth, median tokens/s, the per-prompt speedup over HF (median and mean), and how
+many outputs differ from HF's tokens. With --temperature1, each drafter also runs sampled
+(T = 1, seeded) and reports tau.
+
+    ANCHORSPEC_HOME=/tmp/ashome python benchmarks/bench_drafters.py \
+        --drafter eagle3=checkpoints/smollm2-135m-instruct-eagle3 \
+        --drafter eagle3.1=checkpoints/smollm2-135m-instruct-eagle3.1 --limit 20 --out out/bench_drafters.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, median, timed, warn_if_busy  # noqa: E402
+
+from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
+from anchorspec.decode.propose import EagleProposer  # noqa: E402
+from anchorspec.metrics import GenerationStats  # noqa: E402
+from anchorspec.models.drafter import load_drafter  # noqa: E402
+from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--limit", type=int, default=80)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--temperature1", action="store_true", help="also run each drafter sampled at T=1 (tau only)")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+class Method:
+    def __init__(self, name, engine: Engine, proposer=None, temperature=0.0):
+        self.name, self.engine, self.proposer, self.temperature = name, engine, proposer, temperature
+        self.rows = []
+        self.stats: GenerationStats | None = None
+
+    def run(self, ids, max_new, seed):
+        if self.proposer is None:
+            tokens, dt = timed(hf_generate, self.engine, ids, max_new)
+            return tokens, dt, None
+        self.engine.proposer = self.proposer
+        res, dt = timed(self.engine.generate, ids, max_new_tokens=max_new, temperature=self.temperature,
+                        seed=seed, shape=DEFAULT_TREE)
+        return res.token_ids, dt, res.stats
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warn_if_busy(args.threads)
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype)
+    engine = Engine(target)
+    prompts = load_prompts(args.data, args.limit)
+    encoded = [engine.encode(p["text"], chat=True) for p in prompts]
+    methods = [Method("hf_generate", engine)]
+    for spec in args.drafter:
+        name, _, path = spec.partition("=")
+        d = load_drafter(path, dtype)
+        attach_drafter(target, d)  # all drafters here share the target's aux layers (checked below)
+        if tuple(target.aux_layer_ids) != tuple(d.config.eagle_aux_hidden_state_layer_ids):
+            raise SystemExit(f"{name}: aux layers differ from the other drafters'; benchmark them separately")
+        methods.append(Method(name, engine, EagleProposer(d)))
+        if args.temperature1:
+            methods.append(Method(f"{name}@T=1", engine, EagleProposer(d), temperature=1.0))
+    for m in methods:  # warm-up
+        m.run(encoded[0], 16, 0)
+    bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)
+    for i, (prompt, ids) in bar:
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        out = {}
+        for m in order:
+            gc.collect()
+            tokens, dt, stats = m.run(ids, args.max_new_tokens, seed=i)
+            out[m.name] = (tokens, dt, stats)
+        base_tokens, base_dt, _ = out["hf_generate"]
+        for m in methods:
+            tokens, dt, stats = out[m.name]
+            m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt,
+                           "tokens_per_s": len(tokens) / dt,
+                           "speedup": (len(tokens) / dt) / (len(base_tokens) / base_dt),
+                           "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None})
+            if stats is not None:
+                m.stats = stats if m.stats is None else m.stats.merge(stats)
+    results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,
+               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+               "tree": [DEFAULT_TREE.top_k, DEFAULT_TREE.depth, DEFAULT_TREE.total_tokens], "methods": {}}
+    print(f"\n| method | tau | acceptance per depth | median tok/s | speedup vs HF (median / mean) | differs from HF |")
+    print("|---|---|---|---|---|---|")
+    for m in methods:
+        s = {"median_tokens_per_s": median([r["tokens_per_s"] for r in m.rows]),
+             "median_speedup": median([r["speedup"] for r in m.rows]),
+             "mean_speedup": statistics.fmean(r["speedup"] for r in m.rows),
+             "differs_from_hf": sum(not r["identical_to_hf"] for r in m.rows),
+             "tau": m.stats.tau if m.stats else None,
+             "acceptance_per_depth": m.stats.acceptance_per_depth if m.stats else None, "per_prompt": m.rows}
+        results["methods"][m.name] = s
+        acc = ", ".join(f"{a:.2f}" for a in s["acceptance_per_depth"]) if m.stats else "-"
+        tau = f"{s['tau']:.2f}" if m.stats else "-"
+        print(f"| {m.name} | {tau} | {acc} | {s['median_tokens_per_s']:.1f} | "
+              f"{s['median_speedup']:.2f}x / {s['mean_speedup']:.2f}x | {s['differs_from_hf']}/{len(m.rows)} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

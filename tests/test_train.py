@@ -1,0 +1,495 @@
+"""The TTT trainer stack (anchorspec.train.{dataset,features,trainer}): batch order, schedules, an end-to-end
+run and its outputs, exact resume, the offline feature cache, and the draft-space TTT target path.
+
+Everything runs on a tiny saved Llama (vocab 96, hidden 32, 4 layers) with a word-level ChatML tokenizer, so
+the whole file is fast on one CPU thread. Exactness checks run the target and the drafter in float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from anchorspec.data.chat import render_with_loss_mask
+from anchorspec.errors import AnchorspecError
+from anchorspec.models.drafter import init_drafter, load_drafter
+from anchorspec.models.target import load_target
+from anchorspec.train import features as feat_mod
+from anchorspec.train.dataset import (BatchStream, DataStats, Example, epoch_batches, read_conversations,
+                                      split_heldout, tokenize_conversations)
+from anchorspec.train.features import FeatureCache, build_feature_cache
+from anchorspec.train.trainer import Trainer, TrainConfig, _Accum, lr_factor, simulated_tau
+from anchorspec.train.ttt import ttt_forward
+from helpers import VOCAB, tiny_config, tiny_target
+
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system"]
+WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+N_CONVS = 40
+DRAFT_VOCAB = 48
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(SPECIALS + WORDS)}
+    assert len(vocab) == VOCAB
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                                chat_template=CHATML, clean_up_tokenization_spaces=False)
+
+
+def make_conversations(n: int = N_CONVS, seed: int = 0, lo: int = 3, hi: int = 12) -> list[list[dict]]:
+    rng = random.Random(seed)
+    convs = []
+    for _ in range(n):
+        user = " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+        reply = " ".join(rng.choice(WORDS[:40]) for _ in range(rng.randint(lo, hi)))
+        convs.append([{"role": "user", "content": user}, {"role": "assistant", "content": reply}])
+    return convs
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(target dir, conversations JSONL): a tiny Llama with a peaked LM head (so the target's soft labels are
+    learnable, not near-uniform) saved with the ChatML tokenizer, and 40 conversations of known words."""
+    root = tmp_path_factory.mktemp("train")
+    target_dir = root / "target"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_config("llama", layers=4)).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0.0, 1.0)
+    model.save_pretrained(target_dir)
+    make_tokenizer().save_pretrained(target_dir)
+    data = root / "convs.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in make_conversations()))
+    return target_dir, data
+
+
+def config(setup, out, **kw) -> TrainConfig:
+    target_dir, data = setup
+    base = dict(target=str(target_dir), data=[str(data)], out=str(out), variant="eagle3.1", ttt_steps=3,
+                draft_vocab_size=DRAFT_VOCAB, max_len=64, max_steps=6, lr=3e-3, batch_tokens=64, dtype="float64",
+                heldout=0.1, log_every=1, eval_every=1000, save_every=1000, eval_prompts=0, eval_new_tokens=4,
+                progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def drafter_state(path) -> dict:
+    """The saved tensors as written (load_drafter would build the module in float32 first)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. dataset
+# --------------------------------------------------------------------------------------------------
+
+LENGTHS = [random.Random(3).randint(3, 30) for _ in range(150)]
+
+
+def test_epoch_batches_deterministic_complete_and_bounded():
+    bt = 64
+    e0 = epoch_batches(LENGTHS, bt, seed=5, epoch=0)
+    assert e0 == epoch_batches(LENGTHS, bt, seed=5, epoch=0)
+    e1 = epoch_batches(LENGTHS, bt, seed=5, epoch=1)
+    assert e1 != e0
+    assert epoch_batches(LENGTHS, bt, seed=6, epoch=0) != e0
+    for batches in (e0, e1, epoch_batches(LENGTHS, bt, seed=6, epoch=3)):
+        flat = [i for b in batches for i in b]
+        assert sorted(flat) == list(range(len(LENGTHS)))  # every index exactly once
+        for b in batches:
+            assert b and len(b) * max(LENGTHS[i] for i in b) <= bt
+    assert max(len(b) for b in e0) > 1  # batching actually packs several rows
+    with pytest.raises(AnchorspecError, match="batch-tokens"):
+        epoch_batches(LENGTHS, max(LENGTHS) - 1, seed=0, epoch=0)
+
+
+def test_batch_stream_crosses_epochs():
+    bt, seed = 64, 2
+    s = BatchStream(LENGTHS, bt, seed)
+    e = [epoch_batches(LENGTHS, bt, seed, k) for k in range(3)]
+    n0, n1 = len(e[0]), len(e[1])
+    assert s.per_epoch(0) == n0 and s.total(2) == n0 + n1
+    assert s.locate(0) == (0, 0)
+    assert s.locate(n0 - 1) == (0, n0 - 1)
+    assert s.locate(n0) == (1, 0)
+    assert s.locate(n0 + n1 + 2) == (2, 2)
+    assert s.get(n0 + n1 + 2) == e[2][2]
+    assert s.get(n0 - 1) == e[0][-1]  # going back to an earlier epoch after the cache moved on
+    assert s.get(n0 + 3) == e[1][3]
+    assert s.get(0) == e[0][0]
+    # a fresh stream asked out of order agrees (no hidden state)
+    assert BatchStream(LENGTHS, bt, seed).get(n0 + 3) == e[1][3]
+
+
+def test_split_heldout():
+    train, held = split_heldout(50, 0.1, seed=1)
+    assert len(held) == 5 and not set(train) & set(held) and sorted(train + held) == list(range(50))
+    assert (train, held) == split_heldout(50, 0.1, seed=1)
+    assert held != split_heldout(50, 0.1, seed=2)[1]
+    train, held = split_heldout(10, 0.01, seed=0, minimum=2)
+    assert len(held) == 2 and sorted(train + held) == list(range(10))
+    train, held = split_heldout(2, 0.5, seed=0, minimum=2)  # at least one training example is kept
+    assert len(train) == 1 and len(held) == 1
+    with pytest.raises(AnchorspecError):
+        split_heldout(1, 0.5, seed=0)
+
+
+def test_tokenize_conversations_drops_long_and_lossless(tokenizer):
+    convs = make_conversations(30, seed=7, lo=2, hi=20)
+    convs.append([{"role": "user", "content": "w1 w2"}])  # no assistant turn: nothing to learn
+    max_len = 24
+    lengths = [len(render_with_loss_mask(tokenizer, c)[0]) for c in convs[:-1]]
+    too_long = sum(L > max_len for L in lengths)
+    assert 0 < too_long < len(lengths)
+    stats = DataStats()
+    ex = tokenize_conversations(tokenizer, convs, max_len, stats=stats)
+    assert stats.conversations == len(convs)
+    assert stats.dropped_too_long == too_long
+    assert stats.dropped_no_loss == 1
+    assert stats.examples == len(ex) == len(lengths) - too_long
+    assert all(len(e.input_ids) <= max_len and len(e.loss_mask) == len(e.input_ids) for e in ex)
+    assert stats.tokens == sum(len(e.input_ids) for e in ex)
+    assert stats.loss_tokens == sum(sum(e.loss_mask) for e in ex) > 0
+    # kept examples are the short ones, in order, rendered exactly
+    kept = [c for c, L in zip(convs, lengths) if L <= max_len]
+    assert [e.input_ids for e in ex] == [render_with_loss_mask(tokenizer, c)[0] for c in kept]
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for e in ex:  # the assistant's end-of-turn token is learned
+        assert any(i == eot and m for i, m in zip(e.input_ids, e.loss_mask))
+
+
+def test_read_conversations_rejects_prompt_rows(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(AnchorspecError, match="messages"):
+        read_conversations(str(p))
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. schedule and simulated tau
+# --------------------------------------------------------------------------------------------------
+
+def test_lr_factor():
+    total, warmup = 100, 10
+    f = [lr_factor(s, total, warmup) for s in range(total + 5)]
+    assert f[0] == pytest.approx(0.1) and f[4] == pytest.approx(0.5)
+    assert all(a < b for a, b in zip(f[:warmup], f[1:warmup]))  # strictly ramps up
+    assert f[warmup - 1] == pytest.approx(1.0) and f[warmup] == pytest.approx(1.0)
+    assert all(b <= a for a, b in zip(f[warmup:], f[warmup + 1:]))  # monotone decay afterwards
+    assert f[warmup + 1] < 1.0
+    assert lr_factor(55, total, warmup) == pytest.approx(0.5)  # cosine midpoint
+    assert f[total] == pytest.approx(0.0, abs=1e-12) and f[total + 4] == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(0, 30, 0) == pytest.approx(1.0)  # no warmup: starts at the peak
+
+
+def test_simulated_tau():
+    assert simulated_tau([1, 1, 1]) == pytest.approx(4.0)
+    assert simulated_tau([0.5, 0.5]) == pytest.approx(1.75)
+    assert simulated_tau([0, 1, 1, 1]) == pytest.approx(1.0)
+    assert simulated_tau([]) == pytest.approx(1.0)
+    assert simulated_tau(torch.tensor([0.8, 0.5])) == pytest.approx(1 + 0.8 + 0.4)
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. end to end
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3.1"])
+def test_trainer_end_to_end(setup, tmp_path, variant):
+    out = tmp_path / "run"
+    cfg = config(setup, out, variant=variant, max_steps=30, dtype="float32", batch_tokens=96, eval_every=10,
+                 save_every=10, eval_prompts=2, eval_new_tokens=6)
+    trainer = Trainer(cfg)
+    summary = trainer.run()
+    assert summary["steps"] == 30 == trainer.step
+
+    records = read_jsonl(out / "metrics.jsonl")
+    train = [r for r in records if "eval" not in r]
+    evals = [r for r in records if "eval" in r]
+    assert [r["step"] for r in train] == list(range(1, 31))
+    assert [r["step"] for r in evals] == [10, 20, 30]
+    first = sum(r["loss"] for r in train[:3]) / 3
+    last = sum(r["loss"] for r in train[-3:]) / 3
+    assert last < 0.9 * first, (first, last)  # ~9.4 -> ~7.5 on this data
+    assert all(len(r["acc_per_step"]) == 3 and 1.0 <= r["train_sim_tau"] <= 4.0 for r in train)
+
+    # best/: the eval with the highest metric (gen_tau if measured, else sim_tau); ties keep the earliest
+    def metric(r):
+        return r["eval"].get("gen_tau", r["eval"]["sim_tau"])
+
+    assert all("gen_tau" in r["eval"] for r in evals)
+    best_rec = evals[0]
+    for r in evals[1:]:
+        if metric(r) > metric(best_rec):
+            best_rec = r
+    for name in ("config.json", "model.safetensors", "best.json"):
+        assert (out / "best" / name).is_file()
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["step"] == best_rec["step"] == summary["best_step"]
+    assert best["gen_tau"] == pytest.approx(metric(best_rec))
+    assert [r["best"] for r in evals].count(True) >= 1 and evals[0]["best"] is True
+
+    # final/ is the trained drafter with the variant's flags
+    final = load_drafter(out / "final", torch.float32)
+    flag = variant == "eagle3.1"
+    assert final.config.fc_norm is flag and final.config.norm_output is flag
+    assert (final.fc_norm is not None) is flag
+    assert final.config.draft_vocab_size == DRAFT_VOCAB
+    for k, v in trainer.drafter.state_dict().items():
+        assert torch.equal(final.state_dict()[k], v), k
+
+    # checkpoints: latest names the one remaining step dir
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    assert (out / "checkpoints" / latest / "trainer_state.pt").is_file()
+    assert (out / "checkpoints" / latest / "model.safetensors").is_file()
+    assert torch.load(out / "checkpoints" / latest / "trainer_state.pt", weights_only=True)["step"] == 30
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == [latest]
+
+    run = json.loads((out / "run.json").read_text())
+    d = run["data"]
+    assert d["conversations"] == N_CONVS and d["examples"] == N_CONVS
+    assert d["train"] + d["heldout"] == N_CONVS and d["heldout"] == 4
+    assert d["loss_tokens"] > 0 and d["tokens"] > d["loss_tokens"]
+    assert run["draft_vocab"]["size"] == DRAFT_VOCAB and 0 < run["draft_vocab"]["coverage"] <= 1
+    assert run["total_steps"] == 30 and run["summary"]["steps"] == 30
+    assert run["config"]["variant"] == variant
+    png = out / "training.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bfloat16_autocast_run(setup, tmp_path):
+    """The default dtype: a bf16 target under CPU autocast, float32 masters that do move."""
+    t = Trainer(config(setup, tmp_path / "bf", dtype="bfloat16", max_steps=2))
+    assert t.target.dtype == torch.bfloat16 and t.autocast
+    start = {k: v.clone() for k, v in t.drafter.state_dict().items()}
+    t.run()
+    assert all(p.dtype == torch.float32 for p in t.drafter.parameters())
+    assert any(not torch.equal(start[k], v) for k, v in t.drafter.state_dict().items())
+    recs = [r for r in read_jsonl(tmp_path / "bf" / "metrics.jsonl") if "eval" not in r]
+    assert len(recs) == 2 and all(0 < r["loss"] < float("inf") for r in recs)
+    saved = drafter_state(tmp_path / "bf" / "final")
+    assert saved["fc.weight"].dtype == torch.float32 and "embed_weight" not in saved
+
+
+def test_epochs_set_total_steps(setup, tmp_path):
+    cfg = config(setup, tmp_path / "e", max_steps=None, epochs=2)
+    t = Trainer(cfg)
+    assert t.total_steps == t.stream.total(2) > 2
+    with pytest.raises(AnchorspecError, match="exactly one"):
+        config(setup, tmp_path / "x", max_steps=3, epochs=1).validate()
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. resume exactness
+# --------------------------------------------------------------------------------------------------
+
+def test_resume_is_exact(setup, tmp_path, monkeypatch):
+    kw = dict(max_steps=6, save_every=2, eval_every=3, eval_prompts=1)
+    a_out, b_out = tmp_path / "a", tmp_path / "b"
+    Trainer(config(setup, a_out, **kw)).run()
+
+    original = Trainer.train_step
+
+    def interrupted(self, window):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return original(self, window)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    cfg_b = config(setup, b_out, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg_b).run()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert (b_out / "checkpoints" / "latest").read_text().strip() == "step-0000002"
+    assert 3 in [r["step"] for r in read_jsonl(b_out / "metrics.jsonl")]  # stale work past the checkpoint
+    assert not (b_out / "final").exists()
+
+    resumed = Trainer(dataclasses.replace(cfg_b, resume=True))
+    resumed.run()
+    assert resumed.step == 6
+
+    a, b = drafter_state(a_out / "final"), drafter_state(b_out / "final")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    for k, v in drafter_state(b_out / "checkpoints" / "step-0000006").items():  # the last checkpoint too
+        assert torch.equal(a[k], v), k
+
+    ra, rb = read_jsonl(a_out / "metrics.jsonl"), read_jsonl(b_out / "metrics.jsonl")
+    key = [(r["step"], "eval" in r) for r in rb]
+    assert len(key) == len(set(key)), "duplicate metrics lines after resume"
+    assert key == [(r["step"], "eval" in r) for r in ra]
+    assert [r.get("loss") for r in rb] == [r.get("loss") for r in ra]
+    assert [r.get("acc_per_step") for r in rb] == [r.get("acc_per_step") for r in ra]
+    assert json.loads((b_out / "best" / "best.json").read_text())["step"] == \
+        json.loads((a_out / "best" / "best.json").read_text())["step"]
+
+    with pytest.raises(AnchorspecError, match=r"\blr\b"):
+        Trainer(dataclasses.replace(cfg_b, resume=True, lr=1e-3)).run()
+    with pytest.raises(AnchorspecError, match="--resume"):
+        Trainer(dataclasses.replace(cfg_b, resume=False)).run()
+    for k, v in drafter_state(b_out / "final").items():  # the refused runs touched nothing
+        assert torch.equal(a[k], v)
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. offline feature cache
+# --------------------------------------------------------------------------------------------------
+
+def test_cached_features_equal_online(setup, tmp_path):
+    online = Trainer(config(setup, tmp_path / "on"))
+    cached = Trainer(config(setup, tmp_path / "off", feature_cache=str(tmp_path / "cache")))
+    assert cached.cache is not None and len(cached.cache) == N_CONVS
+    assert online.train_idx == cached.train_idx
+    for idx in (cached.train_idx[:10], cached.held_idx + cached.train_idx[10:14], cached.train_idx[-12:]):
+        bo, bc = online._batch(idx), cached._batch(idx)
+        assert bo[5] is None and bc[5] is not None and bc[2].shape[-1] == DRAFT_VOCAB
+        lo, lko, ao, vo = online.objective(*bo)
+        lc, lkc, ac, vc = cached.objective(*bc)
+        assert torch.equal(vo, vc) and int(vo.sum()) > 0
+        torch.testing.assert_close(lc, lo, atol=1e-9, rtol=0)
+        torch.testing.assert_close(lkc, lko, atol=1e-9, rtol=0)
+        torch.testing.assert_close(ac.double(), ao.double(), atol=1e-9, rtol=0)
+    start = cached.drafter.fc.weight.detach().clone()
+    for t in (online, cached):
+        w = _Accum()
+        for _ in range(3):
+            t.train_step(w)
+    so, sc = online.drafter.state_dict(), cached.drafter.state_dict()
+    for k in so:
+        torch.testing.assert_close(sc[k], so[k], atol=1e-9, rtol=0)
+    # training changed the weights, so the comparison was not of two initial states
+    assert (sc["fc.weight"] - start).abs().max() > 1e-4
+
+
+def _examples(setup):
+    target = load_target(str(setup[0]), "float64")
+    convs = read_conversations(str(setup[1]))
+    return target, tokenize_conversations(target.tokenizer, convs, 64)
+
+
+def test_feature_cache_resumes_missing_shard(setup, tmp_path, monkeypatch):
+    target, examples = _examples(setup)
+    d = tmp_path / "cache"
+    index = build_feature_cache(target, examples, d, batch_tokens=64, shard_tokens=100, progress=False)
+    shards = index["shards"]
+    assert len(shards) >= 4
+    assert sum(s["count"] for s in shards) == len(examples) and index["tokens"] == sum(len(e.input_ids) for e in examples)
+    before = FeatureCache(d, examples)
+    orig = [tuple(t.clone() for t in before.get(i)) for i in range(len(examples))]
+    for i, e in enumerate(examples):  # what was stored is the target's own output
+        aux, hidden, argmax = orig[i]
+        assert aux.shape == (len(e.input_ids), 3 * 32) and hidden.shape == (len(e.input_ids), 32)
+        assert aux.dtype == hidden.dtype == torch.float64
+    single = target.features(torch.tensor([examples[5].input_ids]))
+    torch.testing.assert_close(orig[5][0], single.aux[0], atol=1e-12, rtol=0)
+    assert torch.equal(orig[5][2].long(), single.logits[0].argmax(-1))
+
+    victim = shards[2]
+    (d / victim["file"]).unlink()
+    ix = json.loads((d / "index.json").read_text())
+    ix["shards"] = [s for s in ix["shards"] if s["file"] != victim["file"]]
+    (d / "index.json").write_text(json.dumps(ix))
+    with pytest.raises(AnchorspecError, match="incomplete"):
+        FeatureCache(d, examples)
+
+    seen = []
+    real = feat_mod.compute_features
+
+    def counting(target_, ids, pm, check_head=False):
+        seen.extend(tuple(row[: int(m.sum())].tolist()) for row, m in zip(ids, pm))
+        return real(target_, ids, pm, check_head=check_head)
+
+    monkeypatch.setattr(feat_mod, "compute_features", counting)
+    again = build_feature_cache(target, examples, d, batch_tokens=64, shard_tokens=100, progress=False)
+    lost = examples[victim["first"]: victim["first"] + victim["count"]]
+    assert sorted(seen) == sorted(tuple(e.input_ids) for e in lost)  # only that shard was recomputed
+    assert [s["file"] for s in again["shards"]] == [s["file"] for s in shards]
+    assert again["tokens"] == index["tokens"]
+    after = FeatureCache(d, examples)
+    for i in range(len(examples)):
+        for x, y in zip(orig[i], after.get(i)):
+            assert torch.equal(x, y), i
+
+    seen.clear()
+    build_feature_cache(target, examples, d, batch_tokens=64, shard_tokens=100, progress=False)
+    assert seen == []  # a complete cache is not recomputed
+
+    # built for other examples: refused on load and on build
+    other = examples[1:] + examples[:1]
+    with pytest.raises(AnchorspecError, match="other examples"):
+        FeatureCache(d, other)
+    with pytest.raises(AnchorspecError, match="fingerprint"):
+        build_feature_cache(target, other, d, batch_tokens=64, shard_tokens=100, progress=False)
+
+
+def test_feature_cache_refuses_logit_scaling(tmp_path):
+    target = tiny_target("granite")  # logits_scaling: logits are the head output divided by 4
+    gen = torch.Generator().manual_seed(0)
+    examples = [Example(torch.randint(0, VOCAB, (n,), generator=gen).tolist(), [1] * n) for n in (7, 9, 5)]
+    with pytest.raises(AnchorspecError, match="outside the LM head"):
+        build_feature_cache(target, examples, tmp_path / "g", batch_tokens=64, progress=False)
+    assert not list((tmp_path / "g").glob("shard-*"))
+    llama = tiny_target("llama")  # the same call passes for a plain head
+    build_feature_cache(llama, examples, tmp_path / "l", batch_tokens=64, progress=False)
+    assert len(FeatureCache(tmp_path / "l", examples)) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. ttt_forward in draft space
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3.1"])
+def test_ttt_target_in_draft_matches_full_logits(variant):
+    gen = torch.Generator().manual_seed(1)
+    V, H, VD, B, T, K = VOCAB, 32, 40, 3, 12, 4
+    d = init_drafter(tiny_config("llama"), variant, draft_vocab_size=VD, init_std=0.2, seed=3)
+    d.set_vocab_mapping(torch.randperm(V, generator=gen)[:VD])
+    d = d.to(torch.float64)
+    d.bind_target_embedding(torch.randn(V, H, generator=gen, dtype=torch.float64))
+    aux = torch.randn(B, T, 3 * H, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, V, (B, T), generator=gen)
+    Z = torch.randn(B, T, V, generator=gen, dtype=torch.float64) * 3
+    boost = torch.rand(B, T, generator=gen) < 0.6  # most, not all, target argmaxes in the draft vocabulary
+    Z[boost, d.draft_to_target[torch.randint(0, VD, (B, T), generator=gen)][boost]] += 8
+    mask = (torch.rand(B, T, generator=gen) < 0.8).long()
+    pad = torch.ones(B, T, dtype=torch.long)
+    pad[1, 9:] = 0
+    full = ttt_forward(d, aux, ids, Z, mask, K, pad)
+    in_draft = d.t2d[Z.argmax(-1)]
+    assert in_draft.any() and not in_draft.all()
+    part = ttt_forward(d, aux, ids, Z[..., d.draft_to_target], mask, K, pad, target_in_draft=in_draft)
+    assert torch.equal(part.valid_per_step, full.valid_per_step) and int(full.valid_per_step.sum()) > 0
+    torch.testing.assert_close(part.loss, full.loss, atol=1e-12, rtol=0)
+    torch.testing.assert_close(part.loss_per_step, full.loss_per_step, atol=1e-12, rtol=0)
+    assert torch.equal(part.acc_per_step, full.acc_per_step)
+    # dropping the representability mask changes the result (the argument is really used)
+    loose = ttt_forward(d, aux, ids, Z[..., d.draft_to_target], mask, K, pad, target_in_draft=torch.ones_like(in_draft))
+    assert int(loose.valid_per_step.sum()) > int(full.valid_per_step.sum())
+    with pytest.raises(AnchorspecError, match="draft vocabulary"):
+        ttt_forward(d, aux, ids, Z, mask, K, pad, target_in_draft=in_draft)
