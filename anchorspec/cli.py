@@ -210,6 +210,61 @@ def cmd_convert_drafter(args) -> int:
     return 0
 
 
+def _drafter_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise AnchorspecError(f"--drafter expects NAME=DIR, got {text!r}")
+    return name.strip(), path.strip()
+
+
+def cmd_drift(args) -> int:
+    from .api import Engine
+    from .diagnose import measure_drift, plot_drift
+    from .models.drafter import load_drafter
+    from .models.target import load_target, parse_dtype
+
+    drafters = [_drafter_arg(text) for text in args.drafter]
+    names = [name for name, _ in drafters]
+    if len(set(names)) < len(names):
+        raise AnchorspecError(f"--drafter names must be distinct, got {names}")
+    for name, path in drafters:
+        if not Path(path).is_dir():
+            raise AnchorspecError(f"drafter {name}: directory {path} does not exist")
+    for flag, value in (("--depth", args.depth), ("--positions", args.positions), ("--sink-tokens", args.sink_tokens),
+                        ("--limit", args.limit)):
+        if value is not None and value < 1:
+            raise AnchorspecError(f"{flag} must be >= 1, got {value}")
+    if args.new_tokens < args.depth:
+        raise AnchorspecError(f"--new-tokens ({args.new_tokens}) must be >= --depth ({args.depth})")
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None and Path(path).is_dir():
+            raise AnchorspecError(f"{flag} {path} is a directory; give a file")
+    prompts = read_prompts(args.prompts)[:args.limit]
+    _set_threads(args.threads)
+    dtype = parse_dtype(args.dtype)
+    loaded = {name: load_drafter(path, dtype) for name, path in drafters}
+    target = load_target(args.target, dtype)
+    engine = Engine(target)  # prompt encoding (chat template) and stop tokens only
+    prompt_ids = [engine.encode(p, chat=args.chat) for p in prompts]
+    results = {}
+    for name, drafter in loaded.items():
+        bar = tqdm(prompt_ids, desc=f"drift {name}", unit="prompt", file=sys.stderr)
+        results[name] = measure_drift(target, drafter, bar, depth=args.depth, positions_per_prompt=args.positions,
+                                      new_tokens=args.new_tokens, sink_tokens=args.sink_tokens,
+                                      stop_token_ids=engine.stop_token_ids())
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    report = {"target": args.target, "prompts": args.prompts, "chat": args.chat, "dtype": args.dtype,
+              "drafters": {name: {"path": path, **results[name]} for name, path in drafters}}
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        plot_drift(results, args.plot)
+    print(json.dumps({"out": args.out, "plot": args.plot,
+                      **{name: {"samples": r["num_samples"], "mean_accepted": r["mean_accepted"]}
+                         for name, r in results.items()}}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="anchorspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
@@ -303,6 +358,23 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int)
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_train)
+
+    dr = sub.add_parser("drift", help="attention drift along greedy draft chains (EAGLE-3 vs 3.1): JSON + plot")
+    dr.add_argument("--target", required=True)
+    dr.add_argument("--drafter", required=True, action="append", metavar="NAME=DIR",
+                    help="a drafter to measure (repeat to compare)")
+    dr.add_argument("--prompts", required=True, help="JSONL file: 'prompt' or MT-bench 'turns' (first turn)")
+    dr.add_argument("--limit", type=int, help="first N prompts only")
+    dr.add_argument("--depth", type=int, default=8, help="draft chain length")
+    dr.add_argument("--positions", type=int, default=4, help="points per prompt, evenly spaced in the answer")
+    dr.add_argument("--new-tokens", type=int, default=64, help="length of the target's greedy answer")
+    dr.add_argument("--sink-tokens", type=int, default=4, help="first N positions count as the attention sink")
+    dr.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    dr.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    dr.add_argument("--threads", type=int)
+    dr.add_argument("--out", required=True, help="JSON report")
+    dr.add_argument("--plot", help="PNG: sink/own attention, hidden RMS and acceptance over depth")
+    dr.set_defaults(func=cmd_drift)
     return parser
 
 
