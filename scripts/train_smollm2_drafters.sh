@@ -21,7 +21,7 @@ regen() {  # source, how many prompts (a seeded subset)
 }
 regen "$SHARED/gsm8k/train.jsonl" 600
 regen sharegpt 800
-regen "$SHARED/alpaca_eval/outputs.json" 805
+regen "$SHARED/alpaca_eval/outputs.json" 300
 
 for variant in eagle3 eagle3.1; do
   # --resume starts fresh when the run directory holds no checkpoint yet.

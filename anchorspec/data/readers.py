@@ -85,6 +85,7 @@ def iter_json_array(text: str, path, stats: ReadStats | None = None) -> Iterator
     i = skip_ws(i + 1)
     if i < n and text[i] == "]":
         return
+    line, counted = 1, 0  # line number of position `counted`, advanced incrementally (not O(n^2))
     while True:
         if i >= n:
             break  # truncated right after a ','
@@ -95,7 +96,9 @@ def iter_json_array(text: str, path, stats: ReadStats | None = None) -> Iterator
                 raise AnchorspecError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
             break
         stats.items += 1
-        yield _line_of(text, i), obj
+        line += text.count("\n", counted, i)
+        counted = i
+        yield line, obj
         i = skip_ws(end)
         if i < n and text[i] == ",":
             i = skip_ws(i + 1)

@@ -6,6 +6,9 @@ Speculative loop, one iteration:
     verdict = verify(tree, logits)                       # accepted path + one target token
     commit_path(cache, ...)                              # keep the path's KV rows, drop the rest
     proposer.update(sequence, aux features of the path)  # drafter sees the real features
+
+Both loops are step-able objects (PlainDecoding, SpeculativeDecoding: one step per `step()`), so a
+server can interleave many sequences; generate_vanilla / generate_speculative just run them to the end.
 """
 
 from __future__ import annotations
@@ -86,28 +89,6 @@ def _check_prompt(target: Target, prompt_ids: torch.Tensor, cfg: GenerationConfi
     return ids
 
 
-@torch.inference_mode()
-def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> GenerationResult:
-    """Plain autoregressive decoding with a KV cache: the reference every speculative run must match."""
-    ids = _check_prompt(target, prompt_ids, cfg)
-    stats = GenerationStats(prompt_tokens=ids.numel())
-    gen = cfg.generator()
-    out = _Output(cfg)
-    cache = target.new_cache()
-    t0 = time.perf_counter()
-    logits = target.forward(ids, torch.arange(ids.numel()), cache, last_only=True).logits[-1]
-    stats.prefill_s = time.perf_counter() - t0
-    stats.target_forwards = 1
-    pos = ids.numel()
-    while not out.push(pick_token(logits, cfg.sampling, gen)):
-        logits = target.forward(torch.tensor([out.tokens[-1]]), torch.tensor([pos]), cache).logits[-1]
-        stats.target_forwards += 1
-        pos += 1
-    stats.total_s = time.perf_counter() - t0
-    stats.new_tokens = len(out.tokens)
-    return GenerationResult(out.tokens, out.finish, stats)
-
-
 def _verify(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, gen) -> Verdict:
     if params.greedy:
         return verify_greedy(tree, logits)
@@ -127,55 +108,150 @@ def _shape_for(shape: TreeShape, remaining: int) -> TreeShape | None:
     return TreeShape.chain(depth) if shape.is_chain else TreeShape(shape.top_k, depth, shape.total_tokens)
 
 
-@torch.inference_mode()
-def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
-                         shape: TreeShape) -> GenerationResult:
-    ids = _check_prompt(target, prompt_ids, cfg)
-    stats = GenerationStats(prompt_tokens=ids.numel())
-    gen = cfg.generator()
-    out = _Output(cfg)
-    cache = target.new_cache()
-    proposer.reset()
+@dataclass
+class StepReport:
+    """What one step did: the tokens it emitted and, for a verified draft, how much was accepted."""
 
-    t0 = time.perf_counter()
-    first = target.forward(ids, torch.arange(ids.numel()), cache, capture_aux=True, last_only=True)
-    stats.prefill_s = time.perf_counter() - t0
-    stats.target_forwards = 1
-    committed = ids.numel()  # rows in the target cache
-    sequence = torch.cat([ids, torch.tensor([pick_token(first.logits[-1], cfg.sampling, gen)])])
-    stop = out.push(int(sequence[-1]))
-    aux = first.aux
+    tokens: list[int]
+    kind: str  # "prefill", "speculative" (a draft was verified) or "plain" (one token, no draft)
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0  # the target forward of this step (for plain steps: the whole step)
 
-    while not stop:
+
+class _Decoding:
+    """Shared state of a step-able generation: prompt check, output, stats, wall clock."""
+
+    def __init__(self, target: Target, prompt_ids, cfg: GenerationConfig):
+        self.target, self.cfg = target, cfg
+        self.ids = _check_prompt(target, prompt_ids, cfg)
+        self.stats = GenerationStats(prompt_tokens=self.ids.numel())
+        self.gen = cfg.generator()
+        self.out = _Output(cfg)
+        self.cache = target.new_cache()
+        self.started = False
+        self.t0 = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.out.finish is not None
+
+    def _emit(self, tokens: list[int]) -> list[int]:
+        """Push tokens until a stop; returns the ones actually emitted."""
+        emitted = []
+        for token in tokens:
+            emitted.append(token)
+            if self.out.push(token):
+                self.stats.total_s = time.perf_counter() - self.t0
+                self.stats.new_tokens = len(self.out.tokens)
+                break
+        return emitted
+
+    def result(self) -> GenerationResult:
+        if not self.finished:
+            raise AnchorspecError("generation is not finished yet")
+        return GenerationResult(self.out.tokens, self.out.finish, self.stats)
+
+    def run(self) -> GenerationResult:
+        while not self.finished:
+            self.step()
+        return self.result()
+
+
+class PlainDecoding(_Decoding):
+    """Plain autoregressive decoding with a KV cache, one token per step: the reference every
+    speculative run must match."""
+
+    @torch.inference_mode()
+    def step(self) -> StepReport:
+        if self.finished:
+            raise AnchorspecError("generation is already finished")
         t = time.perf_counter()
-        step_shape = _shape_for(shape, out.remaining)
-        if step_shape is None:  # room for one token only: a plain decode step, nothing to draft
-            tree = DraftTree(sequence[-1:].clone(), [-1])
+        if not self.started:
+            self.started, self.t0 = True, t
+            logits = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, last_only=True).logits[-1]
+            self.stats.prefill_s = time.perf_counter() - t
+            self.stats.target_forwards = 1
+            self.pos = self.ids.numel()
+            kind = "prefill"
         else:
-            proposer.update(sequence, aux)
-            tree = proposer.propose(step_shape, cfg.sampling, gen)
-        t1 = time.perf_counter()
-        stats.draft_s += t1 - t
-        verified = target.forward(tree.tokens, tree_position_ids(tree, committed), cache,
-                                  attention_mask=tree_attention_mask(tree, committed, target.dtype),
-                                  capture_aux=True)
-        stats.verify_s += time.perf_counter() - t1
+            logits = self.target.forward(torch.tensor([self.out.tokens[-1]]), torch.tensor([self.pos]), self.cache).logits[-1]
+            self.stats.target_forwards += 1
+            self.pos += 1
+            kind = "plain"
+        token = pick_token(logits, self.cfg.sampling, self.gen)
+        return StepReport(self._emit([token]), kind, verify_s=time.perf_counter() - t)
 
-        verdict = _verify(tree, verified.logits, cfg.sampling, gen)
-        commit_path(cache, committed, verdict.path)
-        committed += len(verdict.path)
+
+class SpeculativeDecoding(_Decoding):
+    """Speculative decoding of one sequence, one draft-verify-commit step per `step()` call, so a
+    server can interleave many sequences. `step(speculate=False)` verifies the pending token
+    alone (a plain decode step); the target features of such steps are kept and handed to the
+    proposer when speculation resumes, so its cache stays exact."""
+
+    def __init__(self, target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig, shape: TreeShape):
+        super().__init__(target, prompt_ids, cfg)
+        self.proposer, self.shape = proposer, shape
+        proposer.reset()
+
+    @torch.inference_mode()
+    def step(self, speculate: bool = True) -> StepReport:
+        if self.finished:
+            raise AnchorspecError("generation is already finished")
+        if not self.started:
+            return self._prefill()
+        stats = self.stats
+        t = time.perf_counter()
+        step_shape = _shape_for(self.shape, self.out.remaining) if speculate else None
+        if step_shape is None:  # nothing to draft (no room, or speculation is off): verify the root alone
+            tree = DraftTree(self.sequence[-1:].clone(), [-1])
+        else:
+            self.proposer.update(self.sequence, self.aux)
+            self.aux = None
+            tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
+        t1 = time.perf_counter()
+        verified = self.target.forward(tree.tokens, tree_position_ids(tree, self.committed), self.cache,
+                                       attention_mask=tree_attention_mask(tree, self.committed, self.target.dtype),
+                                       capture_aux=True)
+        t2 = time.perf_counter()
+        stats.draft_s += t1 - t
+        stats.verify_s += t2 - t1
+
+        verdict = _verify(tree, verified.logits, self.cfg.sampling, self.gen)
+        commit_path(self.cache, self.committed, verdict.path)
+        self.committed += len(verdict.path)
         if tree.size > 1:
             stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
         else:
             stats.target_forwards += 1
         new = [int(tree.tokens[i]) for i in verdict.path[1:]] + [verdict.next_token]
-        for token in new:
-            if out.push(token):
-                stop = True
-                break
-        sequence = torch.cat([sequence, torch.tensor(new, dtype=torch.long)])
-        aux = verified.aux[verdict.path]
+        emitted = self._emit(new)
+        self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
+        path_aux = verified.aux[verdict.path]
+        self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
+        if tree.size > 1:
+            return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, t1 - t, t2 - t1)
+        return StepReport(emitted, "plain", draft_s=t1 - t, verify_s=t2 - t1)
 
-    stats.total_s = time.perf_counter() - t0
-    stats.new_tokens = len(out.tokens)
-    return GenerationResult(out.tokens, out.finish, stats)
+    def _prefill(self) -> StepReport:
+        self.started = True
+        self.t0 = t = time.perf_counter()
+        first = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, capture_aux=True, last_only=True)
+        self.stats.prefill_s = time.perf_counter() - t
+        self.stats.target_forwards = 1
+        self.committed = self.ids.numel()  # rows in the target cache
+        token = pick_token(first.logits[-1], self.cfg.sampling, self.gen)
+        self.sequence = torch.cat([self.ids, torch.tensor([token])])
+        self.aux = first.aux  # target features not yet handed to the proposer
+        return StepReport(self._emit([token]), "prefill", verify_s=self.stats.prefill_s)
+
+
+def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> GenerationResult:
+    """Plain autoregressive decoding with a KV cache: the reference every speculative run must match."""
+    return PlainDecoding(target, prompt_ids, cfg).run()
+
+
+def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
+                         shape: TreeShape) -> GenerationResult:
+    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape).run()
