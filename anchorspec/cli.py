@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -190,7 +191,12 @@ def cmd_train(args) -> int:
         system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every, eval_every=args.eval_every,
         save_every=args.save_every, eval_prompts=args.eval_prompts, eval_new_tokens=args.eval_new_tokens,
         feature_cache=args.feature_cache, resume=args.resume, progress=not args.no_progress)
-    summary = Trainer(cfg).run()
+    trainer = Trainer(cfg)
+    if args.prepare_only:  # data, vocabulary and feature cache only (e.g. before parallel runs share the cache)
+        print(json.dumps({"examples": len(trainer.examples), "feature_cache": trainer.cache_index and {
+            k: trainer.cache_index[k] for k in ("tokens", "bytes")}}))
+        return 0
+    summary = trainer.run()
     if int(__import__("os").environ.get("RANK", "0")) == 0:
         print(json.dumps({"out": args.out, **summary}))
     return 0
@@ -262,6 +268,54 @@ def cmd_drift(args) -> int:
     print(json.dumps({"out": args.out, "plot": args.plot,
                       **{name: {"samples": r["num_samples"], "mean_accepted": r["mean_accepted"]}
                          for name, r in results.items()}}))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    try:
+        import uvicorn
+
+        from .serve.app import create_app
+        from .serve.monitor import DriftMonitor
+    except ImportError as exc:
+        raise AnchorspecError(f"serving needs the serve extra: pip install 'anchorspec[serve]' ({exc.name} missing)")
+    from .api import DEFAULT_TREE, load
+    from .decode.tree import TreeShape
+
+    if not 0 < args.port < 65536:
+        raise AnchorspecError(f"--port must be in 1..65535, got {args.port}")
+    for flag, value in (("--max-body-bytes", args.max_body_bytes), ("--max-running", args.max_running),
+                        ("--chain", args.chain), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise AnchorspecError(f"{flag} must be >= 1, got {value}")
+    if args.drafter and not Path(args.drafter).is_dir():
+        raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
+    if (args.chain is not None or args.tree is not None) and not args.drafter:
+        raise AnchorspecError("--chain/--tree need --drafter")
+    shape = TreeShape.chain(args.chain) if args.chain is not None else (args.tree or DEFAULT_TREE)
+    monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads)
+    name = args.model_name or Path(args.target.rstrip("/")).name
+    app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
+                     shape=shape if args.drafter else None, max_running=args.max_running)
+    mode = f"speculative, tree {shape}" if args.drafter else "plain decoding (no --drafter)"
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .models.drafter import load_drafter
+    from .models.export import export_drafter
+
+    if Path(args.out).resolve() == Path(args.src).resolve():
+        raise AnchorspecError("--out must differ from the source directory")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise AnchorspecError(f"--out {args.out} exists and is not a directory")
+    drafter = load_drafter(args.src)
+    for warning in export_drafter(drafter, args.out, args.format):
+        print(f"anchorspec: warning: {warning}", file=sys.stderr)
+    print(f"wrote {drafter.config.variant} drafter for {args.format} to {args.out}")
     return 0
 
 
@@ -355,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--feature-cache", metavar="DIR",
                    help="offline target features (built on first use, resumable, shared by runs on the same data)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    t.add_argument("--prepare-only", action="store_true", help="build the data and --feature-cache, then stop")
     t.add_argument("--threads", type=int)
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_train)
@@ -375,6 +430,33 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--out", required=True, help="JSON report")
     dr.add_argument("--plot", help="PNG: sink/own attention, hidden RMS and acceptance over depth")
     dr.set_defaults(func=cmd_drift)
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible server (chat/completions, streaming, /metrics); needs [serve]")
+    sv.add_argument("--target", required=True)
+    sv.add_argument("--drafter", help="EAGLE-3/3.1 drafter directory (omit for plain decoding)")
+    sv.add_argument("--host", default="127.0.0.1", help="listen address (default loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=os.environ.get("ANCHORSPEC_API_KEY"),
+                    help="require Authorization: Bearer KEY (default: $ANCHORSPEC_API_KEY, else no auth)")
+    sv.add_argument("--model-name", help="model id clients must send (default: the target's directory name)")
+    sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    sv.add_argument("--threads", type=int, help="torch intra-op threads")
+    sv_shape = sv.add_mutually_exclusive_group()
+    sv_shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
+    sv_shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="dynamic tree (default 4,4,16)")
+    sv.add_argument("--max-running", type=int, default=16, help="sequences decoded together; the rest wait")
+    sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    sv.add_argument("--no-fallback", action="store_true", help="never switch a request to plain decoding")
+    sv.add_argument("--fallback-threshold", type=float,
+                    help="fixed break-even tau (default: measured from the server's own step costs)")
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    sv.set_defaults(func=cmd_serve)
+
+    ex = sub.add_parser("export", help="write a drafter in the layout vLLM or SGLang loads (bf16 safetensors)")
+    ex.add_argument("src", help="drafter directory")
+    ex.add_argument("--format", required=True, choices=["vllm", "sglang"])
+    ex.add_argument("--out", required=True)
+    ex.set_defaults(func=cmd_export)
     return parser
 
 

@@ -493,3 +493,31 @@ def test_ttt_target_in_draft_matches_full_logits(variant):
     assert int(loose.valid_per_step.sum()) > int(full.valid_per_step.sum())
     with pytest.raises(AnchorspecError, match="draft vocabulary"):
         ttt_forward(d, aux, ids, Z, mask, K, pad, target_in_draft=in_draft)
+
+
+def test_cli_prepare_only_then_convert_to_bfloat16(setup, tmp_path, capsys):
+    """`train --prepare-only` builds the cache and trains nothing; `convert-drafter` re-saves in bf16."""
+    from anchorspec.cli import main
+    from anchorspec.models.drafter import load_drafter
+
+    target_dir, data = setup
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    common = ["train", "--target", str(target_dir), "--data", str(data), "--out", str(out), "--max-steps", "2",
+              "--ttt-steps", "2", "--draft-vocab-size", str(DRAFT_VOCAB), "--max-len", "64", "--batch-tokens", "64",
+              "--dtype", "float32", "--eval-prompts", "0", "--no-progress", "--feature-cache", str(cache)]
+    assert main(common + ["--prepare-only"]) == 0
+    assert json.loads((cache / "index.json").read_text())["num_examples"] == N_CONVS
+    assert not (out / "checkpoints").exists()
+    assert main(common) == 0
+    capsys.readouterr()
+    assert main(["convert-drafter", str(out / "final"), "--out", str(tmp_path / "bf16")]) == 0
+    assert "bfloat16" in capsys.readouterr().out
+    full, half = load_drafter(out / "final"), load_drafter(tmp_path / "bf16", torch.bfloat16)
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    for (name, a), (_, b) in zip(full.state_dict().items(), half.state_dict().items()):
+        if a.is_floating_point():
+            assert b.dtype == torch.bfloat16
+            assert torch.allclose(a, b.float(), rtol=1e-2, atol=1e-3), name
+        else:
+            assert torch.equal(a, b), name
+    assert main(["convert-drafter", str(out / "final"), "--out", str(out / "final")]) == 2
