@@ -76,10 +76,17 @@ class Engine:
             raise AnchorspecError("this target has no tokenizer; pass token ids instead of text")
         if not chat:
             return tok(prompt, add_special_tokens=True)["input_ids"]
-        if not tok.chat_template:
-            raise AnchorspecError("--chat needs a tokenizer with a chat template; this target has none")
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": prompt}]
+        return self.encode_chat(messages)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation through the tokenizer's chat template, ready for the reply."""
+        tok = self.tokenizer
+        if tok is None:
+            raise AnchorspecError("this target has no tokenizer; pass token ids instead of text")
+        if not tok.chat_template:
+            raise AnchorspecError("--chat needs a tokenizer with a chat template; this target has none")
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 

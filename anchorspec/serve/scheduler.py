@@ -1,0 +1,225 @@
+"""The scheduler: one worker thread runs all active sequences, one step each in turn.
+
+Each round, every running sequence advances by exactly one step (its prefill, or one
+draft + verify + commit, or one plain token), round-robin, so concurrent requests interleave
+instead of queueing behind each other. Per-sequence state (target KV cache, its own proposer with
+the drafter's KV cache) lives in a SpeculativeDecoding / PlainDecoding object between steps.
+
+It interleaves but does not batch: each step is its own batch-1 forward. Results are therefore
+exactly what the request would get alone (greedy, and seeded sampling: every request owns its
+generator), but the throughput gain of batched forwards across sequences is not had here.
+
+Threads: the event loop submits and reads events; only the worker thread touches the models.
+Events reach the request's asyncio queue through loop.call_soon_threadsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..api import DEFAULT_TREE, Engine
+from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
+from ..decode.propose import EagleProposer
+from ..decode.sampling import SamplingParams
+from ..decode.tree import TreeShape
+from .metrics import ServerMetrics
+from .monitor import DriftMonitor, RequestState
+
+log = logging.getLogger("anchorspec.serve")
+
+
+class Handle:
+    """The submitter's side of a request: `queue` of events, and `cancel()`.
+
+    Events: ("tokens", [ids]), ("done", GenerationResult), ("error", message).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._loop, self._wake = loop, wake
+        self.cancelled = threading.Event()
+        self.switches = 0  # drift fallback switches of this request
+
+    def cancel(self) -> None:
+        """Free the sequence before its next step (client gone, or request abandoned)."""
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            self._wake()
+
+    def _put(self, event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+@dataclass
+class _Sequence:
+    handle: Handle
+    decoding: PlainDecoding | SpeculativeDecoding
+    monitor_state: RequestState | None
+    submitted: float
+    first_token: float | None = None
+    tokens: int = field(default=0)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, monitor: DriftMonitor | None = None,
+                 shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True):
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        self.engine = engine
+        self.metrics = metrics or ServerMetrics()
+        self.monitor = monitor or DriftMonitor()
+        self.shape = shape or DEFAULT_TREE
+        self.max_running = max_running
+        self.speculative = engine.drafter is not None
+        self._calibrate_first = calibrate and self.speculative
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()  # set once calibration is done and the loop runs
+
+    # --- control --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="anchorspec-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    # --- submission (event-loop thread) ---------------------------------------------------------
+    def submit(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int | None = None, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
+        """Queue a request; raises AnchorspecError for a prompt the target cannot take."""
+        cfg = GenerationConfig(max_new_tokens=max_tokens, sampling=SamplingParams(temperature, top_p), seed=seed,
+                               stop_token_ids=self.engine.stop_token_ids())
+        target = self.engine.target
+        if self.speculative:  # each sequence owns a proposer: the drafter's KV cache is per sequence
+            decoding = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt_ids, cfg, self.shape)
+        else:
+            decoding = PlainDecoding(target, prompt_ids, cfg)
+        handle = Handle(loop or asyncio.get_running_loop(), self._wake)
+        seq = _Sequence(handle, decoding, None, time.perf_counter())
+        with self._cond:
+            self._waiting.append(seq)
+            self.metrics.waiting.set(len(self._waiting))
+            self._cond.notify_all()
+        return handle
+
+    # --- worker thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        if self._calibrate_first:
+            try:
+                self._calibrate()
+            except Exception:  # calibration is an optimisation; the monitor then learns from traffic
+                log.exception("calibration failed")
+        self._update_gauges()
+        self.ready.set()
+        while True:
+            with self._cond:
+                while not self._stop and not self._running and not self._waiting:
+                    self._cond.wait(timeout=1.0)
+                if self._stop:
+                    break
+                self._admit()
+            for seq in list(self._running):
+                if seq.handle.cancelled.is_set():
+                    self._finish(seq, "cancelled")
+                else:
+                    self._advance(seq)
+            self._update_gauges()
+        for seq in list(self._running) + list(self._waiting):
+            seq.handle._put(("error", "the server is shutting down"))
+        self._running.clear()
+        self._waiting.clear()
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_running:
+            seq = self._waiting.popleft()
+            if seq.handle.cancelled.is_set():
+                self.metrics.requests.labels("cancelled").inc()
+                continue
+            if self.speculative:
+                seq.monitor_state = self.monitor.new_request()
+                if not seq.monitor_state.speculating:
+                    self._count_switch(seq, "off")
+            self.metrics.prompt_tokens.inc(seq.decoding.stats.prompt_tokens)
+            self._running.append(seq)
+
+    def _advance(self, seq: _Sequence) -> None:
+        state = seq.monitor_state
+        try:
+            report = seq.decoding.step(state.speculating) if state is not None else seq.decoding.step()
+        except Exception as exc:  # one bad sequence must not take the server down
+            log.exception("generation step failed")
+            seq.handle._put(("error", f"generation failed: {type(exc).__name__}: {exc}"))
+            self._finish(seq, "error")
+            return
+        self.metrics.observe_step(report)
+        if state is not None:
+            switch = self.monitor.record(state, report.kind, report.accepted, len(report.tokens),
+                                         report.draft_s, report.verify_s)
+            if switch:
+                self._count_switch(seq, switch)
+        if report.tokens:
+            if seq.first_token is None:
+                seq.first_token = time.perf_counter()
+                self.metrics.ttft.observe(seq.first_token - seq.submitted)
+            seq.handle._put(("tokens", report.tokens))
+        if seq.decoding.finished:
+            seq.handle._put(("done", seq.decoding.result()))
+            self.metrics.latency.observe(time.perf_counter() - seq.submitted)
+            self._finish(seq, "ok")
+
+    def _finish(self, seq: _Sequence, outcome: str) -> None:
+        self.metrics.requests.labels(outcome).inc()
+        self._running.remove(seq)  # drops the caches with the last reference
+
+    def _count_switch(self, seq: _Sequence, direction: str) -> None:
+        seq.handle.switches += 1
+        self.metrics.fallback_switches.labels(direction).inc()
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.running.set(len(self._running))
+        m.waiting.set(len(self._waiting))
+        m.speculating.set(sum(1 for s in self._running if s.monitor_state is not None and s.monitor_state.speculating))
+        m.speculation_enabled.set(1 if self.speculative and self.monitor.global_speculating else 0)
+        tstar, tau = self.monitor.threshold, self.monitor.global_tau
+        m.break_even_tau.set(float("nan") if tstar is None else tstar)
+        m.rolling_tau.set(float("nan") if tau is None else tau)
+
+    def _calibrate(self, steps: int = 3) -> None:
+        """Seed the monitor's costs with a few plain and speculative steps on a dummy prompt."""
+        target = self.engine.target
+        prompt = [i % target.vocab_size for i in range(16)]
+        cfg = GenerationConfig(max_new_tokens=1 + steps + steps * (self.shape.depth + 1) + 1)
+        dec = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
+        dec.step()  # prefill (also warms the kernels)
+        plain = [dec.step(speculate=False) for _ in range(steps)]
+        spec = [dec.step() for _ in range(steps)]
+        self.monitor.observe_plain(statistics.median(r.draft_s + r.verify_s for r in plain))
+        for r in spec:
+            if r.kind == "speculative":
+                self.monitor.observe_speculative(r.draft_s, r.verify_s)

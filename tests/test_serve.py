@@ -1,0 +1,482 @@
+"""The OpenAI-compatible server, end to end: the official `openai` client against real uvicorn
+servers on loopback (tiny float64 chat target, random-init drafter), plus the scheduler's
+interleaving, the drift monitor as a pure object, and the vLLM/SGLang export layout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+import uvicorn  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
+
+from anchorspec.api import load  # noqa: E402
+from anchorspec.cli import main  # noqa: E402
+from anchorspec.decode.engine import StepReport  # noqa: E402
+from anchorspec.models.drafter import init_drafter, load_drafter, save_drafter  # noqa: E402
+from anchorspec.models.export import export_drafter  # noqa: E402
+from anchorspec.serve.app import create_app  # noqa: E402
+from anchorspec.serve.monitor import DriftMonitor  # noqa: E402
+from anchorspec.serve.scheduler import Scheduler  # noqa: E402
+from helpers import CHAT_WORDS, save_tiny_chat_target  # noqa: E402
+
+KEY = "test-key"
+MODEL = "tiny-chat"
+PROMPTS = ["w1 w2 w3", "w10 w20 w30 w40", "w5", "w7 w7 w7 w8", "w60 w61", "w3 w1 w4 w1 w5"]
+MAX_TOKENS = 12
+
+
+class LiveServer:
+    """uvicorn in a background thread on a free loopback port."""
+
+    def __init__(self, app):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.app = app
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.05)
+
+    def client(self, api_key=KEY) -> "openai.OpenAI":
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
+
+    def metrics(self, api_key=KEY) -> dict:
+        text = httpx.get(self.url + "/metrics", headers={"Authorization": f"Bearer {api_key}"}).text
+        return {s.name + json.dumps(s.labels, sort_keys=True): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def metric(values: dict, name: str, **labels) -> float:
+    return values.get(name + json.dumps(labels, sort_keys=True), 0.0)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory, one_thread):
+    root = tmp_path_factory.mktemp("serve")
+    target = save_tiny_chat_target(root / "target", dtype=torch.float64)
+    drafter = init_drafter(AutoConfig.from_pretrained(target), "eagle3.1", draft_vocab_size=64, seed=1)
+    save_drafter(drafter, root / "drafter")
+    return {"target": str(target), "drafter": str(root / "drafter"), "root": root}
+
+
+@pytest.fixture(scope="module")
+def reference(dirs):
+    """Solo Engine.generate outputs (a separate engine: the servers' models stay on their worker)."""
+    spec = load(dirs["target"], dirs["drafter"], dtype="float64", threads=1)
+    plain = load(dirs["target"], dtype="float64", threads=1)
+    out = {}
+    for p in PROMPTS:
+        for chat in (True, False):
+            a = spec.generate(p, chat=chat, max_new_tokens=MAX_TOKENS)
+            b = plain.generate(p, chat=chat, max_new_tokens=MAX_TOKENS)
+            assert a.token_ids == b.token_ids  # lossless, so one reference serves both servers
+            out[p, chat], out["spec", p, chat] = b, a
+    return out
+
+
+@pytest.fixture(scope="module")
+def spec_server(dirs):
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    server = LiveServer(create_app(engine, MODEL, api_key=KEY, max_body_bytes=8192,
+                                   monitor=DriftMonitor(enabled=False)))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def plain_server(dirs):
+    server = LiveServer(create_app(load(dirs["target"], dtype="float64"), MODEL))
+    yield server
+    server.close()
+
+
+def chat_args(prompt, **kw):
+    return dict(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, temperature=0, **kw)
+
+
+# --- outputs equal the solo engine ----------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["spec", "plain"])
+def test_chat_and_completions_match_engine(which, spec_server, plain_server, reference):
+    server = spec_server if which == "spec" else plain_server
+    client = server.client()
+    for prompt in PROMPTS[:3]:
+        ref = reference[prompt, True]
+        r = client.chat.completions.create(**chat_args(prompt))
+        assert r.object == "chat.completion" and r.model == MODEL
+        assert r.choices[0].message.content == ref.text
+        assert r.choices[0].finish_reason == ref.finish_reason
+        assert r.usage.completion_tokens == len(ref.token_ids)
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+        spec = r.speculative
+        assert spec["enabled"] is (which == "spec")
+        assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+        if which == "spec":  # the very figures of a solo speculative run (same steps, float64)
+            solo = reference["spec", prompt, True].stats
+            assert (spec["drafted_tokens"], spec["accepted_tokens"]) == (solo.drafted_tokens, solo.accepted_tokens)
+            assert spec["verify_steps"] == solo.verify_steps > 0 and spec["tau"] == round(solo.tau, 4)
+            assert 1 <= len(spec["acceptance_per_depth"]) <= 4  # DEFAULT_TREE depth
+        else:
+            assert spec["drafted_tokens"] == 0 and spec["acceptance_per_depth"] == []
+
+        ref = reference[prompt, False]
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert r.object == "text_completion"
+        assert r.choices[0].text == ref.text
+        assert r.usage.completion_tokens == len(ref.token_ids)
+        assert r.speculative["accepted_tokens"] <= r.speculative["drafted_tokens"]
+
+
+def test_token_id_prompt_and_models(spec_server, reference, dirs):
+    client = spec_server.client()
+    ids = load(dirs["target"], dtype="float64").encode(PROMPTS[0])
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].text == reference[PROMPTS[0], False].text
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_streaming_matches_engine(spec_server, reference):
+    client = spec_server.client()
+    prompt = PROMPTS[1]
+    chunks = list(client.chat.completions.create(**chat_args(prompt), stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference[prompt, True].text
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == reference[prompt, True].finish_reason
+    assert last.speculative["drafted_tokens"] > 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(reference[prompt, True].token_ids)
+
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream) == reference[prompt, False].text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_raw_sse_framing(path, spec_server):
+    body = {**chat_args(PROMPTS[0]), "stream": True}
+    if path == "/v1/completions":
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+    with httpx.stream("POST", spec_server.url + path, json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events[:-1])
+    objects = [json.loads(e[len("data: "):]) for e in events[:-2]]  # every event but [DONE] is one JSON object
+    kind = "chat.completion.chunk" if "chat" in path else "text_completion"
+    for obj in objects:
+        assert obj["object"] == kind and obj["model"] == MODEL and len(obj["choices"]) == 1
+        assert set(obj) <= {"id", "object", "created", "model", "choices", "speculative"}
+    assert len({obj["id"] for obj in objects}) == 1
+    assert objects[-1]["choices"][0]["finish_reason"] == "length" and "speculative" in objects[-1]
+
+
+def test_concurrent_streaming_clients_match_solo(spec_server, reference):
+    client = spec_server.client()
+    results, errors = {}, []
+
+    def worker(prompt):
+        try:
+            stream = client.chat.completions.create(**chat_args(prompt), stream=True)
+            results[prompt] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert results == {p: reference[p, True].text for p in PROMPTS}
+
+
+def test_scheduler_interleaves_requests(dirs):
+    """Three requests submitted together: each gets tokens before the first one finishes."""
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    scheduler = Scheduler(engine, monitor=DriftMonitor(enabled=False), calibrate=False)
+    scheduler.start()
+
+    async def run():
+        prompts = [engine.encode(p) for p in PROMPTS[:3]]
+        handles = [scheduler.submit(ids, 20, 0.0) for ids in prompts]
+        order = []
+
+        async def drain(i, h):
+            while True:
+                kind, _ = await h.queue.get()
+                order.append((i, kind))
+                if kind != "tokens":
+                    return
+
+        await asyncio.gather(*(drain(i, h) for i, h in enumerate(handles)))
+        return order
+
+    try:
+        order = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    first_done = next(n for n, (_, kind) in enumerate(order) if kind == "done")
+    assert {i for i, kind in order[:first_done] if kind == "tokens"} == {0, 1, 2}
+
+
+# --- bad input, auth, limits -------------------------------------------------------------------
+
+def post(server, path, body=None, *, raw=None, key=KEY):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if raw is not None:
+        headers["Content-Type"] = "application/json"
+        return httpx.post(server.url + path, content=raw, headers=headers, timeout=60)
+    return httpx.post(server.url + path, json=body, headers=headers, timeout=60)
+
+
+@pytest.mark.parametrize("case, status, param", [
+    ("malformed", 400, None),
+    ("not_object", 400, None),
+    ("missing_messages", 400, "messages"),
+    ("empty_messages", 400, "messages"),
+    ("bad_role", 400, "messages.0.role"),
+    ("unknown_model", 404, "model"),
+    ("max_tokens_zero", 400, "max_tokens"),
+    ("max_tokens_negative", 400, "max_tokens"),
+    ("max_tokens_huge", 400, "max_tokens"),
+    ("n2", 400, "n"),
+    ("stop", 400, "stop"),
+    ("temperature_negative", 400, "temperature"),
+    ("top_p_zero", 400, "top_p"),
+    ("prompt_too_long", 400, "messages"),
+    ("bad_key", 401, None),
+    ("no_key", 401, None),
+    ("too_large", 413, None),
+])
+def test_bad_requests_get_openai_errors(case, status, param, spec_server):
+    good = chat_args(PROMPTS[0])
+    bodies = {
+        "missing_messages": {"model": MODEL},
+        "empty_messages": {**good, "messages": []},
+        "bad_role": {**good, "messages": [{"role": "robot", "content": "w1"}]},
+        "unknown_model": {**good, "model": "gpt-4"},
+        "max_tokens_zero": {**good, "max_tokens": 0},
+        "max_tokens_negative": {**good, "max_tokens": -5},
+        "max_tokens_huge": {**good, "max_tokens": 10**6},
+        "n2": {**good, "n": 2},
+        "stop": {**good, "stop": ["w1"]},
+        "temperature_negative": {**good, "temperature": -1},
+        "top_p_zero": {**good, "top_p": 0},
+        "prompt_too_long": {**good, "messages": [{"role": "user", "content": " ".join(CHAT_WORDS[:10] * 60)}]},
+        "bad_key": good,
+        "no_key": good,
+    }
+    if case == "malformed":
+        r = post(spec_server, "/v1/chat/completions", raw=b'{"model": "tiny-chat", "messages": [')
+    elif case == "not_object":
+        r = post(spec_server, "/v1/chat/completions", raw=b"[1, 2]")
+    elif case == "too_large":
+        r = post(spec_server, "/v1/chat/completions", raw=json.dumps({**good, "pad": "x" * 20000}).encode())
+    else:
+        r = post(spec_server, "/v1/chat/completions", bodies[case],
+                 key={"bad_key": "wrong", "no_key": None}.get(case, KEY))
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    if case == "prompt_too_long":
+        assert err["code"] == "context_length_exceeded"
+    assert httpx.get(spec_server.url + "/health").status_code == 200  # still serving
+
+
+def test_openai_client_sees_errors(spec_server):
+    with pytest.raises(openai.AuthenticationError):
+        spec_server.client(api_key="wrong").chat.completions.create(**chat_args("w1"))
+    with pytest.raises(openai.NotFoundError):
+        spec_server.client().chat.completions.create(**{**chat_args("w1"), "model": "nope"})
+    with pytest.raises(openai.BadRequestError):
+        spec_server.client().completions.create(model=MODEL, prompt="w1", max_tokens=0)
+    with pytest.raises(openai.BadRequestError):
+        spec_server.client().completions.create(model=MODEL, prompt=[1, 2, 10**6], max_tokens=4)
+    r = httpx.get(spec_server.url + "/v2/nothing", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404 and r.json()["error"]["message"]
+    assert spec_server.client().chat.completions.create(**chat_args("w1")).choices[0].message.content is not None
+
+
+def test_disconnect_frees_the_sequence(spec_server):
+    scheduler = spec_server.app.state.scheduler
+    before = metric(spec_server.metrics(), "anchorspec_requests_total", outcome="cancelled")
+    body = {**chat_args("w1 w2"), "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", spec_server.url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content"' in line and '""' not in line:
+                break  # got real text: now hang up mid-stream
+    deadline = time.time() + 20
+    while scheduler.running_count and time.time() < deadline:
+        time.sleep(0.05)
+    assert scheduler.running_count == 0
+    assert metric(spec_server.metrics(), "anchorspec_requests_total", outcome="cancelled") == before + 1
+
+
+# --- metrics and the drift fallback ------------------------------------------------------------
+
+def test_metrics_move(spec_server):
+    before = spec_server.metrics()
+    spec_server.client().chat.completions.create(**chat_args(PROMPTS[2]))
+    after = spec_server.metrics()
+    for name in ("anchorspec_generated_tokens_total", "anchorspec_drafts_total", "anchorspec_drafted_tokens_total",
+                 "anchorspec_prompt_tokens_total", "anchorspec_request_latency_seconds_count",
+                 "anchorspec_time_to_first_token_seconds_count"):
+        assert metric(after, name) > metric(before, name), name
+    assert metric(after, "anchorspec_requests_total", outcome="ok") == metric(before, "anchorspec_requests_total",
+                                                                              outcome="ok") + 1
+    assert metric(after, "anchorspec_accepted_tokens_total") <= metric(after, "anchorspec_drafted_tokens_total")
+    assert metric(after, "anchorspec_requests_running") == 0
+    assert metric(after, "anchorspec_speculation_enabled") == 1
+    text = httpx.get(spec_server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert text.headers["content-type"].startswith("text/plain")
+    assert httpx.get(spec_server.url + "/metrics").status_code == 401  # guarded by the key too
+
+
+def test_fallback_switches_off_and_back_on(dirs, reference):
+    """A break-even tau no drafter reaches: every request falls back, retries, and says so."""
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    monitor = DriftMonitor(threshold=100.0, window=4, min_steps=2, retry_after=3)
+    server = LiveServer(create_app(engine, MODEL, monitor=monitor))
+    try:
+        r = server.client().chat.completions.create(**chat_args(PROMPTS[3]))
+        values = server.metrics()
+    finally:
+        server.close()
+    assert r.choices[0].message.content == reference[PROMPTS[3], True].text  # still lossless
+    assert r.speculative["fallback_switches"] >= 2
+    assert metric(values, "anchorspec_fallback_switches_total", direction="off") >= 1
+    assert metric(values, "anchorspec_fallback_switches_total", direction="on") >= 1
+    assert metric(values, "anchorspec_speculation_enabled") == 0  # new requests would start plain
+    assert metric(values, "anchorspec_break_even_tau") == 100.0
+
+
+def step(state, monitor, accepted):
+    return monitor.record(state, "speculative", accepted=accepted, tokens=accepted + 1, draft_s=0.5, verify_s=1.5)
+
+
+def test_monitor_threshold_comes_from_measured_costs():
+    m = DriftMonitor()
+    assert m.threshold is None  # nothing measured: never switches
+    m.observe_plain(1.0)
+    m.observe_speculative(0.5, 1.5)
+    assert m.threshold == pytest.approx(2.0)  # 1 + (0.5 + 1.5 - 1.0) / 1.0
+    assert DriftMonitor(threshold=3.5).threshold == 3.5
+
+
+def test_monitor_switches_off_low_acceptance_and_retries():
+    m = DriftMonitor(window=4, min_steps=3, retry_after=5)
+    m.observe_plain(1.0)
+    state = m.new_request()
+    assert state.speculating
+    assert step(state, m, 0) is None and step(state, m, 0) is None  # too few steps to judge
+    assert step(state, m, 0) == "off"  # rolling tau 1.0 < 2.0
+    assert not state.speculating and m.switches_off == 1
+    assert m.record(state, "plain", tokens=1, verify_s=1.0) is None
+    for _ in range(3):
+        m.record(state, "plain", tokens=1, verify_s=1.0)
+    assert m.record(state, "plain", tokens=1, verify_s=1.0) == "on"  # after retry_after plain tokens
+    assert state.speculating and not state.window and state.switches == 2 and m.switches_on == 1
+    assert not m.global_speculating  # the global window saw only rejections: new requests start plain
+    late = m.new_request()
+    assert not late.speculating and m.switches_off == 2
+
+    good = DriftMonitor(window=4, min_steps=2)
+    good.observe_plain(1.0)
+    s = good.new_request()
+    assert all(step(s, good, 3) is None for _ in range(10))  # tau 4 > 2: keeps speculating
+    assert s.speculating and good.global_speculating
+
+    off = DriftMonitor(enabled=False, min_steps=1)
+    off.observe_plain(1.0)
+    s = off.new_request()
+    assert all(step(s, off, 0) is None for _ in range(5)) and s.speculating
+
+
+def test_monitor_accepts_step_reports():
+    r = StepReport([1, 2], "speculative", drafted=15, accepted=1, draft_s=0.1, verify_s=0.2)
+    m = DriftMonitor(min_steps=1, threshold=1.5)
+    state = m.new_request()
+    assert m.record(state, r.kind, r.accepted, len(r.tokens), r.draft_s, r.verify_s) is None  # tau 2 >= 1.5
+
+
+# --- export ------------------------------------------------------------------------------------
+
+EXPECTED_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "fc_norm.0.weight", "fc_norm.1.weight",
+                 "fc_norm.2.weight"} | {f"midlayer.{k}.weight" for k in (
+                     "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                     "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+
+
+def read_export(out):
+    cfg = json.loads((out / "config.json").read_text())
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return cfg, tensors
+
+
+def test_export_vllm_layout(dirs):
+    drafter = load_drafter(dirs["drafter"])
+    out = dirs["root"] / "vllm"
+    assert main([ "export", dirs["drafter"], "--format", "vllm", "--out", str(out)]) == 0
+    cfg, tensors = read_export(out)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == drafter.config.eagle_aux_hidden_state_layer_ids
+    assert "eagle_config" not in cfg
+    assert cfg["norm_before_residual"] is False
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True
+    assert cfg["draft_vocab_size"] == 64 and cfg["target_hidden_size"] == 32 and cfg["num_hidden_layers"] == 1
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["tie_word_embeddings"] is False
+    assert set(tensors) == EXPECTED_KEYS  # no embed_tokens: shared with the target
+    assert tensors["d2t"].dtype == torch.int64 and tensors["lm_head.weight"].dtype == torch.bfloat16
+    back = load_drafter(out)  # our own loader reads it back (same aux convention as vLLM)
+    assert back.config.eagle_aux_hidden_state_layer_ids == drafter.config.eagle_aux_hidden_state_layer_ids
+    assert torch.equal(back.fc.weight, drafter.fc.weight.to(torch.bfloat16).float())
+
+
+def test_export_sglang_layout(dirs):
+    drafter = load_drafter(dirs["drafter"])
+    out = dirs["root"] / "sglang"
+    assert not export_drafter(drafter, out, "sglang") == []  # EAGLE-3.1: warns about SGLang support
+    cfg, tensors = read_export(out)
+    ids = drafter.config.eagle_aux_hidden_state_layer_ids
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in ids]  # layer outputs
+    assert "eagle_aux_hidden_state_layer_ids" not in cfg
+    assert cfg["tie_word_embeddings"] is False and cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 64
+    assert set(tensors) == EXPECTED_KEYS and not any(k.startswith("layers.") for k in tensors)
+
+
+def test_export_and_serve_cli_errors(dirs, capsys):
+    assert main(["export", dirs["drafter"], "--format", "vllm", "--out", dirs["drafter"]]) == 2
+    assert main(["serve", "--target", dirs["target"], "--port", "0"]) == 2
+    assert main(["serve", "--target", dirs["target"], "--chain", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("anchorspec: error:") for line in err) and len(err) == 3
