@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         "## Training",
         "",
         f"- Data: {data['examples']} conversations ({data['tokens']} tokens, {data['loss_tokens']} assistant "
-        f"tokens), prompts from GSM8K train, AlpacaEval and the ShareGPT dump, answered greedily by the target "
+        f"tokens), prompts from GSM8K train (600) and AlpacaEval (300), answered greedily by the target "
         f"itself (`anchorspec regenerate`, at most 160 new tokens); {data['heldout']} held out for evaluation.",
         f"- Draft vocabulary: {run['draft_vocab']['size']} tokens, covering "
         f"{100 * run['draft_vocab']['coverage']:.2f}% of the assistant tokens.",
@@ -52,7 +52,8 @@ def main(argv=None) -> int:
         f"steps (0.8^k weights), AdamW lr {cfg['lr']} (warmup {cfg['warmup_ratio']:.0%}, cosine), clip "
         f"{cfg['grad_clip']}, {cfg['dtype']} autocast, seed {cfg['seed']}; target features from the offline cache.",
         f"- Wall time of the training steps: {summary['train_seconds'] / 60:.1f} min ({hours:.2f} h) on "
-        f"{run['torch_threads']} threads of a 2-core CPU; {summary['train_tokens_per_s']:.0f} tokens/s of training.",
+        f"{run['torch_threads']} thread(s) of a 2-core CPU (the two variants trained side by side); "
+        f"{summary['train_tokens_per_s']:.0f} tokens/s of training.",
         f"- Kept: step {best['step']} (best measured acceptance during training: generate tau "
         f"{best.get('gen_tau', float('nan')):.2f} on {cfg['eval_prompts']} held-out prompts, simulated tau "
         f"{best['sim_tau']:.2f}; held-out accuracy per TTT step {fmt_list(best['heldout_acc'])}).",
