@@ -212,15 +212,9 @@ def prepare_data(cfg: TrainConfig, tokenizer) -> tuple[list[Example], DataStats]
 
 
 def stop_ids(target: Target) -> list[int]:
-    ids = set()
-    eos = getattr(target.model.generation_config, "eos_token_id", None) or target.config.eos_token_id
-    for e in eos if isinstance(eos, (list, tuple)) else [eos]:
-        if e is not None:
-            ids.add(int(e))
-    tok = target.tokenizer
-    if tok is not None and tok.eos_token_id is not None:
-        ids.add(int(tok.eos_token_id))
-    return sorted(ids)
+    from ..api import Engine  # one definition of a target's stop tokens (generation config + tokenizer)
+
+    return list(Engine(target).stop_token_ids())
 
 
 class Trainer:
