@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .data.chat import prompt_ids
 from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
@@ -85,10 +86,7 @@ class Engine:
         tok = self.tokenizer
         if tok is None:
             raise AnchorspecError("this target has no tokenizer; pass token ids instead of text")
-        if not tok.chat_template:
-            raise AnchorspecError("--chat needs a tokenizer with a chat template; this target has none")
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return prompt_ids(tok, messages)
 
     def stop_token_ids(self) -> tuple[int, ...]:
         ids = set()

@@ -50,6 +50,15 @@ def vary_system(conversations: Iterable[Sequence[dict]], choices: Sequence[str |
     return [with_system(conv, choices[rng.randrange(len(choices))]) for conv in conversations]
 
 
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation through the tokenizer's chat template, ready for the reply
+    (the one place prompts are encoded: generation, serving and regeneration)."""
+    if not tokenizer.chat_template:
+        raise AnchorspecError("--chat needs a tokenizer with a chat template; this target has none")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
 def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)

@@ -22,6 +22,7 @@ import torch
 
 from anchorspec.errors import AnchorspecError
 
+from .chat import prompt_ids
 from .readers import (PROMPT_FIELDS, ReadStats, _check_message, _read_text, iter_json_array, jsonl_rows,
                       sharegpt_to_conversation)
 
@@ -159,8 +160,7 @@ def regenerate(model, tokenizer, items: list[PromptItem], out_path, *, max_new_t
     todo = [it for it in items if it.id not in done]
     prompts, kept, too_long = [], [], 0
     for it in todo:
-        ids = tokenizer.apply_chat_template(it.messages, tokenize=True, add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        ids = prompt_ids(tokenizer, it.messages)
         if len(ids) > max_prompt_tokens:
             too_long += 1
             continue
