@@ -197,9 +197,15 @@ def test_raw_sse_framing(path, spec_server):
     assert objects[-1]["choices"][0]["finish_reason"] == "length" and "speculative" in objects[-1]
 
 
+def batched_rows(values: dict) -> tuple[float, float]:
+    """(batched forwards, those with a single row) from the anchorspec_batch_rows histogram."""
+    return metric(values, "anchorspec_batch_rows_count"), metric(values, "anchorspec_batch_rows_bucket", le="1.0")
+
+
 def test_concurrent_streaming_clients_match_solo(spec_server, reference):
     client = spec_server.client()
     results, errors = {}, []
+    before = batched_rows(spec_server.metrics())
 
     def worker(prompt):
         try:
@@ -215,6 +221,44 @@ def test_concurrent_streaming_clients_match_solo(spec_server, reference):
         t.join(timeout=120)
     assert not errors
     assert results == {p: reference[p, True].text for p in PROMPTS}
+    after = batched_rows(spec_server.metrics())
+    forwards, single = after[0] - before[0], after[1] - before[1]
+    assert forwards > single  # some target forwards verified several requests at once
+
+
+def test_scheduler_batches_forwards(dirs, reference):
+    """Four requests queued before the worker starts: one prefill each, then every round verifies all
+    four in ONE target forward, and each output is still the solo one."""
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    scheduler = Scheduler(engine, monitor=DriftMonitor(enabled=False), calibrate=False)
+    prompts = PROMPTS[:4]
+
+    async def run():
+        handles = [scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0) for p in prompts]
+        scheduler.start()
+        outs = []
+        for h in handles:
+            while True:
+                kind, payload = await h.queue.get()
+                if kind != "tokens":
+                    assert kind == "done", payload
+                    outs.append(payload.token_ids)
+                    break
+        return outs
+
+    try:
+        outs = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert outs == [reference[p, False].token_ids for p in prompts]
+    reg = scheduler.metrics.registry
+    forwards = reg.get_sample_value("anchorspec_batch_rows_count")
+    assert reg.get_sample_value("anchorspec_target_forwards_total", {"kind": "prefill"}) == 4
+    assert reg.get_sample_value("anchorspec_target_forwards_total", {"kind": "batched"}) == forwards
+    assert reg.get_sample_value("anchorspec_batch_rows_bucket", {"le": "3.0"}) < forwards  # a 4-row forward
+    assert reg.get_sample_value("anchorspec_batch_rows_sum") > forwards  # more than one row on average
+    # one batched forward per round: no more forwards than the longest request has steps
+    assert forwards <= MAX_TOKENS
 
 
 def test_scheduler_interleaves_requests(dirs):

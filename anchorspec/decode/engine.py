@@ -9,6 +9,10 @@ Speculative loop, one iteration:
 
 Both loops are step-able objects (PlainDecoding, SpeculativeDecoding: one step per `step()`), so a
 server can interleave many sequences; generate_vanilla / generate_speculative just run them to the end.
+A step after the prefill is split in three so that several sequences can share one target forward
+(decode/round.py): `prepare()` drafts and returns the rows to verify (a DraftTree; a plain step is a
+1-node tree), the caller runs the target on them, `finish(logits, aux, verify_s)` verifies, commits,
+emits and counts. `step()` is exactly prepare + a batch-1 forward on the sequence's own cache + finish.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from ..models.target import Target
+from .adaptive import AdaptiveDepth
+from .batch import KVSlot
 from .kv import commit_path
 from .propose import Proposer
 from .sampling import SamplingParams, pick_token, probs_from_logits
@@ -121,7 +127,8 @@ class StepReport:
 
 
 class _Decoding:
-    """Shared state of a step-able generation: prompt check, output, stats, wall clock."""
+    """Shared state of a step-able generation: prompt check, output, stats, wall clock, and the
+    target KV cache: a DynamicCache of its own, or a slot of a BatchKV once attached to a batch."""
 
     def __init__(self, target: Target, prompt_ids, cfg: GenerationConfig):
         self.target, self.cfg = target, cfg
@@ -132,10 +139,22 @@ class _Decoding:
         self.cache = target.new_cache()
         self.started = False
         self.t0 = 0.0
+        self.committed = 0  # rows in the target cache
+        self._pending: tuple[DraftTree, float] | None = None  # prepared, not yet finished: (rows, draft_s)
 
     @property
     def finished(self) -> bool:
         return self.out.finish is not None
+
+    @property
+    def batched(self) -> bool:
+        return isinstance(self.cache, KVSlot)
+
+    def use_slot(self, slot: KVSlot) -> None:
+        """Continue in a batch: `slot` holds a copy of this sequence's cache (BatchKV.attach)."""
+        if slot.length != self.committed:
+            raise AnchorspecError(f"KV slot holds {slot.length} rows, the sequence has {self.committed}")
+        self.cache = slot
 
     def _emit(self, tokens: list[int]) -> list[int]:
         """Push tokens until a stop; returns the ones actually emitted."""
@@ -147,6 +166,46 @@ class _Decoding:
                 self.stats.new_tokens = len(self.out.tokens)
                 break
         return emitted
+
+    def _commit(self, keep: list[int], written: int) -> None:
+        """Keep tree rows `keep` (of the `written` after the committed prefix), in whichever cache
+        this sequence uses."""
+        if self.batched:
+            self.cache.commit(self.committed, keep)
+        elif keep != list(range(written)):  # else nothing to move or drop (e.g. a plain step)
+            commit_path(self.cache, self.committed, keep)
+        self.committed += len(keep)
+
+    def _check_step(self) -> None:
+        if self.finished:
+            raise AnchorspecError("generation is already finished")
+        if self._pending is not None:
+            raise AnchorspecError("a prepared step is pending: call finish() first")
+
+    def _begin(self, draft_tree: DraftTree, t: float) -> DraftTree:
+        self._pending = (draft_tree, time.perf_counter() - t)
+        return draft_tree
+
+    def _take_pending(self) -> tuple[DraftTree, float]:
+        if self._pending is None:
+            raise AnchorspecError("finish() without prepare()")
+        pending, self._pending = self._pending, None
+        return pending
+
+    def prepare(self, *args, **kwargs) -> DraftTree:
+        raise NotImplementedError
+
+    def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
+        raise NotImplementedError
+
+    def _solo_step(self, *args) -> StepReport:
+        """prepare + a batch-1 forward on this sequence's own DynamicCache + finish."""
+        if self.batched:
+            raise AnchorspecError("this sequence is attached to a batch: step it with its BatchDecoder")
+        tree = self.prepare(*args)
+        t = time.perf_counter()
+        out = self._solo_forward(tree)
+        return self.finish(out.logits, out.aux, time.perf_counter() - t)
 
     def result(self) -> GenerationResult:
         if not self.finished:
@@ -165,23 +224,37 @@ class PlainDecoding(_Decoding):
 
     @torch.inference_mode()
     def step(self) -> StepReport:
-        if self.finished:
-            raise AnchorspecError("generation is already finished")
-        t = time.perf_counter()
-        if not self.started:
-            self.started, self.t0 = True, t
-            logits = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, last_only=True).logits[-1]
-            self.stats.prefill_s = time.perf_counter() - t
-            self.stats.target_forwards = 1
-            self.pos = self.ids.numel()
-            kind = "prefill"
-        else:
-            logits = self.target.forward(torch.tensor([self.out.tokens[-1]]), torch.tensor([self.pos]), self.cache).logits[-1]
-            self.stats.target_forwards += 1
-            self.pos += 1
-            kind = "plain"
+        self._check_step()
+        if self.started:
+            return self._solo_step()
+        self.started = True
+        self.t0 = t = time.perf_counter()
+        logits = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, last_only=True).logits[-1]
+        self.stats.prefill_s = time.perf_counter() - t
+        self.stats.target_forwards = 1
+        self.committed = self.ids.numel()
         token = pick_token(logits, self.cfg.sampling, self.gen)
-        return StepReport(self._emit([token]), kind, verify_s=time.perf_counter() - t)
+        return StepReport(self._emit([token]), "prefill", verify_s=time.perf_counter() - t)
+
+    def prepare(self) -> DraftTree:
+        """The pending token alone, at the next position."""
+        self._check_step()
+        if not self.started:
+            raise AnchorspecError("prefill first: the first step() runs the prompt")
+        return self._begin(DraftTree(torch.tensor([self.out.tokens[-1]]), [-1]), time.perf_counter())
+
+    def _solo_forward(self, tree: DraftTree):
+        return self.target.forward(tree.tokens, torch.tensor([self.committed]), self.cache)
+
+    @torch.inference_mode()
+    def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
+        self._take_pending()
+        t = time.perf_counter()
+        self._commit([0], 1)
+        self.stats.target_forwards += 1
+        token = pick_token(logits[-1], self.cfg.sampling, self.gen)
+        # verify_s covers the whole step, as the monitor's plain cost does
+        return StepReport(self._emit([token]), "plain", verify_s=verify_s + time.perf_counter() - t)
 
 
 class SpeculativeDecoding(_Decoding):
@@ -190,49 +263,64 @@ class SpeculativeDecoding(_Decoding):
     alone (a plain decode step); the target features of such steps are kept and handed to the
     proposer when speculation resumes, so its cache stays exact."""
 
-    def __init__(self, target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig, shape: TreeShape):
+    def __init__(self, target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
+                 shape: TreeShape | AdaptiveDepth):
         super().__init__(target, prompt_ids, cfg)
-        self.proposer, self.shape = proposer, shape
+        # an AdaptiveDepth changes the shape from step to step; self.shape is then its base shape
+        self.policy = shape if isinstance(shape, AdaptiveDepth) else None
+        self.proposer, self.shape = proposer, shape.base if self.policy else shape
         proposer.reset()
 
     @torch.inference_mode()
     def step(self, speculate: bool = True) -> StepReport:
-        if self.finished:
-            raise AnchorspecError("generation is already finished")
+        self._check_step()
         if not self.started:
             return self._prefill()
-        stats = self.stats
-        t = time.perf_counter()
-        step_shape = _shape_for(self.shape, self.out.remaining) if speculate else None
-        if step_shape is None:  # nothing to draft (no room, or speculation is off): verify the root alone
-            tree = DraftTree(self.sequence[-1:].clone(), [-1])
-        else:
-            self.proposer.update(self.sequence, self.aux)
-            self.aux = None
-            tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
-        t1 = time.perf_counter()
-        verified = self.target.forward(tree.tokens, tree_position_ids(tree, self.committed), self.cache,
-                                       attention_mask=tree_attention_mask(tree, self.committed, self.target.dtype),
-                                       capture_aux=True)
-        t2 = time.perf_counter()
-        stats.draft_s += t1 - t
-        stats.verify_s += t2 - t1
+        return self._solo_step(speculate)
 
-        verdict = _verify(tree, verified.logits, self.cfg.sampling, self.gen)
-        commit_path(self.cache, self.committed, verdict.path)
-        self.committed += len(verdict.path)
+    @torch.inference_mode()
+    def prepare(self, speculate: bool = True) -> DraftTree:
+        """Draft (unless `speculate` is off or no room is left): the tree the target must verify."""
+        self._check_step()
+        if not self.started:
+            raise AnchorspecError("prefill first: the first step() runs the prompt")
+        t = time.perf_counter()
+        shape = self.policy.shape() if self.policy else self.shape
+        step_shape = _shape_for(shape, self.out.remaining) if speculate else None
+        if step_shape is None:  # nothing to draft (no room, or speculation is off): verify the root alone
+            return self._begin(DraftTree(self.sequence[-1:].clone(), [-1]), t)
+        self.proposer.update(self.sequence, self.aux)
+        self.aux = None
+        return self._begin(self.proposer.propose(step_shape, self.cfg.sampling, self.gen), t)
+
+    def _solo_forward(self, tree: DraftTree):
+        return self.target.forward(tree.tokens, tree_position_ids(tree, self.committed), self.cache,
+                                   attention_mask=tree_attention_mask(tree, self.committed, self.target.dtype),
+                                   capture_aux=True)
+
+    @torch.inference_mode()
+    def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
+        """`logits` [N, V] and `aux` [N, n_aux * H]: the target on the prepared tree's N nodes."""
+        tree, draft_s = self._take_pending()
+        stats = self.stats
+        stats.draft_s += draft_s
+        stats.verify_s += verify_s
+        verdict = _verify(tree, logits, self.cfg.sampling, self.gen)
+        self._commit(verdict.path, tree.size)
         if tree.size > 1:
             stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
+            if self.policy is not None:
+                self.policy.observe(tree.depth, verdict.accepted)
         else:
             stats.target_forwards += 1
         new = [int(tree.tokens[i]) for i in verdict.path[1:]] + [verdict.next_token]
         emitted = self._emit(new)
         self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
-        path_aux = verified.aux[verdict.path]
+        path_aux = aux[verdict.path]
         self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
         if tree.size > 1:
-            return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, t1 - t, t2 - t1)
-        return StepReport(emitted, "plain", draft_s=t1 - t, verify_s=t2 - t1)
+            return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, draft_s, verify_s)
+        return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _prefill(self) -> StepReport:
         self.started = True
@@ -240,7 +328,7 @@ class SpeculativeDecoding(_Decoding):
         first = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, capture_aux=True, last_only=True)
         self.stats.prefill_s = time.perf_counter() - t
         self.stats.target_forwards = 1
-        self.committed = self.ids.numel()  # rows in the target cache
+        self.committed = self.ids.numel()
         token = pick_token(first.logits[-1], self.cfg.sampling, self.gen)
         self.sequence = torch.cat([self.ids, torch.tensor([token])])
         self.aux = first.aux  # target features not yet handed to the proposer
@@ -253,5 +341,5 @@ def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> Gener
 
 
 def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
-                         shape: TreeShape) -> GenerationResult:
+                         shape: TreeShape | AdaptiveDepth) -> GenerationResult:
     return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape).run()

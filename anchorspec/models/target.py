@@ -127,11 +127,47 @@ class Target:
             )
         finally:
             self._capture = False
-        aux = None
-        if capture_aux:
-            aux = torch.cat([self._captured[i][0] for i in self.aux_layer_ids], dim=-1)
-            self._captured = {}
+        aux = self._take_aux()[0] if capture_aux else None
         return TargetOutput(logits=out.logits[0], aux=aux)
+
+    @torch.inference_mode()
+    def forward_rows(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        attention_mask: torch.Tensor,
+        keep: torch.Tensor,
+        capture_aux: bool = False,
+    ) -> TargetOutput:
+        """One padded batch: `input_ids`, `position_ids` [B, T], additive `attention_mask` [B, 1, T, K],
+        `cache` anything with the HF `update(keys, values, layer_idx)` method (the 4-D mask is used as
+        given, so transformers asks the cache nothing else).
+
+        Returns logits [R, V] for the `keep` flat indices (b * T + t) only, so padding rows never
+        pay for the LM head, and aux [B, T, n_aux * H] for every row."""
+        rows = keep.to(self.embed_weight.device)
+
+        def select(_module, args, kwargs):  # [B, T, H] -> [1, R, H] just before the LM head
+            hidden = args[0] if args else kwargs["input"]
+            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)[None]
+            return ((picked, *args[1:]), kwargs) if args else (args, {**kwargs, "input": picked})
+
+        hook = self.model.get_output_embeddings().register_forward_pre_hook(select, with_kwargs=True)
+        self._capture = capture_aux
+        self._captured = {}
+        try:
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                             past_key_values=cache, use_cache=True)
+        finally:
+            self._capture = False
+            hook.remove()
+        return TargetOutput(logits=out.logits[0], aux=self._take_aux() if capture_aux else None)
+
+    def _take_aux(self) -> torch.Tensor:
+        aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)
+        self._captured = {}
+        return aux
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, padding_mask: torch.Tensor | None = None) -> TargetOutput:
@@ -145,9 +181,7 @@ class Target:
             out = self.model(input_ids=input_ids, attention_mask=padding_mask, use_cache=False)
         finally:
             self._capture = False
-        aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)
-        self._captured = {}
-        return TargetOutput(logits=out.logits, aux=aux)
+        return TargetOutput(logits=out.logits, aux=self._take_aux())
 
 
 def load_target(target: str, dtype: str | torch.dtype = "float32", aux_layer_ids=None, attn: str = "sdpa") -> Target:

@@ -8,6 +8,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from ..decode.engine import StepReport
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ServerMetrics:
@@ -42,10 +44,26 @@ class ServerMetrics:
                                     registry=r)
         self.rolling_tau = Gauge("anchorspec_rolling_tau", "Global rolling tau over recent speculative steps",
                                  registry=r)
+        self.target_forwards = Counter("anchorspec_target_forwards",
+                                       "Target forwards: prefill (one sequence alone), batched (decode/verify), solo "
+                                       "(a decode/verify step alone: a cache that cannot join the batch)",
+                                       ["kind"], registry=r)
+        self.batch_rows = Histogram("anchorspec_batch_rows", "Sequences per batched target forward",
+                                    buckets=ROW_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("anchorspec_batch_tokens",
+                                      "Real new tokens per batched target forward (padding excluded)",
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.batch_padded_tokens = Counter("anchorspec_batch_padded_tokens",
+                                           "Token slots computed by batched forwards, padding included (rows x width)",
+                                           registry=r)
+        self.batch_forward_seconds = Histogram("anchorspec_batch_forward_seconds", "Wall time of one batched forward",
+                                               buckets=LATENCY_BUCKETS, registry=r)
         for outcome in ("ok", "cancelled", "error"):  # export zeros, so rates work from the first scrape
             self.requests.labels(outcome)
         for direction in ("off", "on"):
             self.fallback_switches.labels(direction)
+        for kind in ("prefill", "batched", "solo"):
+            self.target_forwards.labels(kind)
 
     def observe_step(self, report: StepReport) -> None:
         self.generated_tokens.inc(len(report.tokens))
@@ -55,6 +73,17 @@ class ServerMetrics:
             self.accepted_tokens.inc(report.accepted)
             for position in range(1, report.accepted + 1):
                 self.accepted_per_position.labels(str(position)).inc()
+
+    def observe_round(self, result) -> None:
+        """One scheduler round (decode/round.RoundResult): its prefills and its batched forward."""
+        self.target_forwards.labels("prefill").inc(result.prefills)
+        self.target_forwards.labels("solo").inc(result.solo)
+        if result.rows:
+            self.target_forwards.labels("batched").inc()
+            self.batch_rows.observe(result.rows)
+            self.batch_tokens.observe(result.tokens)
+            self.batch_padded_tokens.inc(result.rows * result.width)
+            self.batch_forward_seconds.observe(result.forward_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,7 +11,10 @@ so speculation is faster while tau / c_spec > 1 / c_plain, i.e. while
 
 t_draft, t_verify and t_plain are exponential moving averages of the step timings the scheduler
 reports (seeded by a short calibration at start-up; plain steps are those run in fallback mode),
-so tau* follows the machine, the tree shape and the load. A fixed `threshold` overrides it.
+so tau* follows the machine, the tree shape and the load. With batched rounds, t_verify and t_plain
+are the whole batched forward the step rode in and t_draft the request's own drafting
+(decode/round.py), so both step kinds are costed under the load they ran in. A fixed `threshold`
+overrides it.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
 Once at least `min_steps` are in the window and it falls below tau*, the request switches to

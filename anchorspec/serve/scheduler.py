@@ -1,13 +1,21 @@
-"""The scheduler: one worker thread runs all active sequences, one step each in turn.
+"""The scheduler: one worker thread advances all active sequences together, one step per round.
 
-Each round, every running sequence advances by exactly one step (its prefill, or one
-draft + verify + commit, or one plain token), round-robin, so concurrent requests interleave
-instead of queueing behind each other. Per-sequence state (target KV cache, its own proposer with
-the drafter's KV cache) lives in a SpeculativeDecoding / PlainDecoding object between steps.
+Each round: admit waiting requests (up to max_running), drop cancelled ones, then one
+BatchDecoder round (decode/round.py): a new sequence prefills alone and joins the batch; every
+other sequence drafts on its own (drafting is not batched) or, in plain mode (no drafter, or the
+drift monitor switched it off), offers its pending token; then ONE target forward verifies all of
+them (draft trees and 1-token plain rows, padded, each row with its own positions and tree mask
+over its own KV slot), and each sequence commits and emits its tokens. Per-sequence state (KV
+slot, its own proposer with the drafter's KV cache, its own random generator) lives in a
+SpeculativeDecoding / PlainDecoding object between rounds.
 
-It interleaves but does not batch: each step is its own batch-1 forward. Results are therefore
-exactly what the request would get alone (greedy, and seeded sampling: every request owns its
-generator), but the throughput gain of batched forwards across sequences is not had here.
+Results are what each request gets alone: greedy outputs token for token, seeded sampling the same
+draws (float rounding of the batched forward aside); the tests check both against solo runs.
+A failing sequence gets an error event and is dropped; the others go on.
+
+Drift monitor timings: draft_s is the sequence's own drafting, verify_s the whole batched forward
+it rode in (see decode/round.py), so speculative and plain step costs are both measured under the
+load they ran in.
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.
@@ -26,6 +34,7 @@ from dataclasses import dataclass, field
 from ..api import DEFAULT_TREE, Engine
 from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
 from ..decode.propose import EagleProposer
+from ..decode.round import BatchDecoder, RoundResult
 from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
 from .metrics import ServerMetrics
@@ -81,6 +90,7 @@ class Scheduler:
         self.max_running = max_running
         self.speculative = engine.drafter is not None
         self._calibrate_first = calibrate and self.speculative
+        self.decoder = BatchDecoder(engine.target)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._cond = threading.Condition()
@@ -146,8 +156,8 @@ class Scheduler:
             for seq in list(self._running):
                 if seq.handle.cancelled.is_set():
                     self._finish(seq, "cancelled")
-                else:
-                    self._advance(seq)
+            if self._running:
+                self._round()
             self._update_gauges()
         for seq in list(self._running) + list(self._waiting):
             seq.handle._put(("error", "the server is shutting down"))
@@ -167,15 +177,26 @@ class Scheduler:
             self.metrics.prompt_tokens.inc(seq.decoding.stats.prompt_tokens)
             self._running.append(seq)
 
-    def _advance(self, seq: _Sequence) -> None:
-        state = seq.monitor_state
+    def _round(self) -> None:
+        running = list(self._running)
+        items = [(seq.decoding, None if seq.monitor_state is None else seq.monitor_state.speculating)
+                 for seq in running]
         try:
-            report = seq.decoding.step(state.speculating) if state is not None else seq.decoding.step()
-        except Exception as exc:  # one bad sequence must not take the server down
-            log.exception("generation step failed")
-            seq.handle._put(("error", f"generation failed: {type(exc).__name__}: {exc}"))
+            result = self.decoder.round(items)
+        except Exception as exc:  # a bug outside any one sequence: fail this round's requests, keep serving
+            log.exception("decoding round failed")
+            result = RoundResult([exc] * len(running))
+        self.metrics.observe_round(result)
+        for seq, report in zip(running, result.reports):
+            self._deliver(seq, report)
+
+    def _deliver(self, seq: _Sequence, report) -> None:
+        if isinstance(report, BaseException):  # one bad sequence must not take the server down
+            log.error("generation step failed", exc_info=report)
+            seq.handle._put(("error", f"generation failed: {type(report).__name__}: {report}"))
             self._finish(seq, "error")
             return
+        state = seq.monitor_state
         self.metrics.observe_step(report)
         if state is not None:
             switch = self.monitor.record(state, report.kind, report.accepted, len(report.tokens),
@@ -194,7 +215,8 @@ class Scheduler:
 
     def _finish(self, seq: _Sequence, outcome: str) -> None:
         self.metrics.requests.labels(outcome).inc()
-        self._running.remove(seq)  # drops the caches with the last reference
+        self.decoder.release(seq.decoding)  # its KV slot goes back to the batch
+        self._running.remove(seq)  # drops the drafter cache with the last reference
 
     def _count_switch(self, seq: _Sequence, direction: str) -> None:
         seq.handle.switches += 1
@@ -211,14 +233,24 @@ class Scheduler:
         m.rolling_tau.set(float("nan") if tau is None else tau)
 
     def _calibrate(self, steps: int = 3) -> None:
-        """Seed the monitor's costs with a few plain and speculative steps on a dummy prompt."""
+        """Seed the monitor's costs with a few plain and speculative steps on a dummy prompt, through
+        the batched path at batch 1 (what an idle server runs), on a BatchKV of its own."""
         target = self.engine.target
         prompt = [i % target.vocab_size for i in range(16)]
         cfg = GenerationConfig(max_new_tokens=1 + steps + steps * (self.shape.depth + 1) + 1)
         dec = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
-        dec.step()  # prefill (also warms the kernels)
-        plain = [dec.step(speculate=False) for _ in range(steps)]
-        spec = [dec.step() for _ in range(steps)]
+        decoder = BatchDecoder(target)
+
+        def one(speculate: bool):
+            report = decoder.round([(dec, speculate)]).reports[0]
+            if isinstance(report, BaseException):
+                raise report
+            return report
+
+        one(True)  # prefill (also warms the kernels)
+        plain = [one(False) for _ in range(steps)]
+        spec = [one(True) for _ in range(steps)]
+        decoder.release(dec)
         self.monitor.observe_plain(statistics.median(r.draft_s + r.verify_s for r in plain))
         for r in spec:
             if r.kind == "speculative":

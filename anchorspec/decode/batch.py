@@ -1,0 +1,249 @@
+"""One target forward for several sequences: a slot-based KV cache, the padded inputs, the commit.
+
+KV layout (static-cache style, as gpt-fast keeps it): per decoder layer one key and one value
+tensor [slots, kv_heads, capacity, head_dim]. Slot s holds its sequence's committed rows at
+[0, length_s). A forward writes row b's j-th new token at length_b + j, so each sequence's new rows
+sit right after its own prefix whatever the other lengths are; RoPE positions come from
+position_ids, never from the physical index. Rows at or past a slot's length are scratch: masked
+out, overwritten later. Capacity and slot count grow geometrically (doubling) when needed.
+
+One forward for B sequences with n_b new tokens each (a draft tree; a plain step is a 1-node tree),
+padded to N = max n_b:
+  - position_ids[b, j] = length_b + depth_b(j)
+  - additive mask [B, 1, N, K], K = max_b length_b + N: query j of row b sees keys [0, length_b)
+    and the new keys of its tree ancestors (length_b + ancestor), i.e. exactly its solo tree mask;
+    padding queries see only themselves (finite outputs that nobody reads).
+Commit, per slot: keep the accepted tree rows at length_b .. length_b + len(path) - 1 (the
+equivalent of kv.commit_path for a DynamicCache).
+
+Live slots stay dense (indices 0..n-1; releasing one moves the last into its place), so a forward
+over all live sequences reads views of the buffers, never copies. Prefills are not run here: a
+sequence prefills alone on a DynamicCache and `attach` copies that cache into a slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import AnchorspecError
+from ..models.drafter import additive_mask
+from ..models.target import Target
+from .tree import DraftTree
+
+
+class KVSlot:
+    """One sequence's rows in a BatchKV. `length` = committed rows; `index` = None once released."""
+
+    def __init__(self, kv: "BatchKV", index: int, length: int):
+        self.kv, self.index, self.length = kv, index, length
+
+    @property
+    def released(self) -> bool:
+        return self.index is None
+
+    def commit(self, start: int, keep: list[int]) -> None:
+        self.kv.commit(self, start, keep)
+
+    def release(self) -> None:
+        self.kv.release(self)
+
+
+def _grown(size: int, needed: int) -> int:
+    size = max(size, 1)
+    while size < needed:
+        size *= 2
+    return size
+
+
+class BatchKV:
+    """Padded per-layer K/V buffers for up to `len(self.slots)` sequences (see the module docstring)."""
+
+    def __init__(self, slots: int = 4, capacity: int = 256):
+        if slots < 1 or capacity < 1:
+            raise AnchorspecError(f"BatchKV needs slots >= 1 and capacity >= 1, got {slots}, {capacity}")
+        self._min_slots, self._min_capacity = slots, capacity
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.slots: list[KVSlot] = []  # live slots; slots[i].index == i
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
+
+    @staticmethod
+    def accepts(cache) -> bool:
+        """Whether `cache` is a filled DynamicCache of full-attention layers only (what a slot holds)."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = list(getattr(cache, "layers", []))
+        return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+
+    @torch.inference_mode()
+    def attach(self, cache) -> KVSlot:
+        """Copy a (prefilled, full-attention) DynamicCache into a new slot."""
+        if not self.accepts(cache):
+            raise AnchorspecError("BatchKV.attach needs a filled full-attention DynamicCache "
+                                  "(no sliding-window layers)")
+        layers = list(cache.layers)
+        length = layers[0].keys.shape[2]
+        if not self.keys:
+            self.keys = [self._empty(layer.keys, self._min_slots, max(self._min_capacity, length)) for layer in layers]
+            self.values = [self._empty(layer.values, self._min_slots, self.capacity) for layer in layers]
+        elif (len(layers) != len(self.keys) or layers[0].keys.shape[1::2] != self.keys[0].shape[1::2]
+              or layers[0].keys.dtype != self.keys[0].dtype):
+            raise AnchorspecError("BatchKV.attach: this cache does not have the shape of the ones already attached")
+        self.reserve(len(self.slots) + 1, length)
+        slot = KVSlot(self, len(self.slots), length)
+        for buf, layer in zip(self.keys, layers):
+            buf[slot.index, :, :length] = layer.keys[0]
+        for buf, layer in zip(self.values, layers):
+            buf[slot.index, :, :length] = layer.values[0]
+        self.slots.append(slot)
+        return slot
+
+    @staticmethod
+    def _empty(like: torch.Tensor, slots: int, capacity: int) -> torch.Tensor:
+        # zeros, not empty(): masked keys are multiplied by 0 weights, and 0 * NaN would be NaN
+        return torch.zeros(slots, like.shape[1], capacity, like.shape[3], dtype=like.dtype, device=like.device)
+
+    @torch.inference_mode()
+    def reserve(self, slots: int, capacity: int) -> None:
+        """Make room for `slots` sequences of `capacity` rows (doubling, so growth is amortised)."""
+        if not self.keys:
+            raise AnchorspecError("BatchKV.reserve before any attach: the buffer shapes come from the first cache")
+        new_slots, new_cap = _grown(self.num_slots, slots), _grown(self.capacity, capacity)
+        if (new_slots, new_cap) == (self.num_slots, self.capacity):
+            return
+        live = len(self.slots)
+        for bufs in (self.keys, self.values):
+            for i, old in enumerate(bufs):
+                new = self._empty(old, new_slots, new_cap)
+                new[:live, :, :old.shape[2]] = old[:live]  # scratch rows too: a commit may still be pending
+                bufs[i] = new
+
+    @torch.inference_mode()
+    def release(self, slot: KVSlot) -> None:
+        """Free a slot; the last live slot moves into its place, so live slots stay 0..n-1."""
+        self._check(slot)
+        last = self.slots.pop()
+        if last is not slot:
+            for buf in self.keys + self.values:
+                buf[slot.index] = buf[last.index]  # scratch rows too: its commit may still be pending
+            last.index = slot.index
+            self.slots[slot.index] = last
+        slot.index = None
+        if not self.slots:  # drop the buffers: a long request's capacity is not kept forever
+            self.keys, self.values = [], []
+
+    @torch.inference_mode()
+    def commit(self, slot: KVSlot, start: int, keep: list[int]) -> None:
+        """The slot holds `start` committed rows plus new rows; keep new rows `keep`, in order."""
+        self._check(slot)
+        if start != slot.length:
+            raise AnchorspecError(f"commit at row {start}, but the slot holds {slot.length} committed rows")
+        n = len(keep)
+        if start + (max(keep) + 1 if keep else 0) > self.capacity:
+            raise AnchorspecError(f"commit of rows {keep} past the slot's capacity {self.capacity}")
+        if keep != list(range(n)):  # a prefix of the new rows (chains, plain steps) is already in place
+            src = torch.tensor(keep, dtype=torch.long, device=self.keys[0].device) + start
+            for buf in self.keys + self.values:
+                row = buf[slot.index]
+                # index_select copies first, so overlapping source and destination rows are safe
+                row[:, start:start + n] = row.index_select(1, src)
+        slot.length = start + n
+
+    def _check(self, slot: KVSlot) -> None:
+        if slot.kv is not self or slot.released or self.slots[slot.index] is not slot:
+            raise AnchorspecError("this KV slot was released or belongs to another BatchKV")
+
+
+# --- one padded forward ---------------------------------------------------------------------------
+
+def batch_position_ids(trees: list[DraftTree], past_lens: list[int], width: int) -> torch.Tensor:
+    """[B, width]: past_len + depth per node; padding at the row's past_len (never attended)."""
+    pos = torch.tensor(past_lens, dtype=torch.long)[:, None].repeat(1, width)
+    for b, tree in enumerate(trees):
+        pos[b, :tree.size] += torch.tensor(tree.depths, dtype=torch.long)
+    return pos
+
+
+def batch_allowed(trees: list[DraftTree], past_lens: list[int], width: int, kv_len: int) -> torch.Tensor:
+    """[B, width, kv_len] bool: row b's query j may attend key k (see the module docstring)."""
+    allowed = torch.zeros(len(trees), width, kv_len, dtype=torch.bool)
+    for b, (tree, past) in enumerate(zip(trees, past_lens)):
+        n = tree.size
+        allowed[b, :n, :past] = True
+        allowed[b, :n, past:past + n] = tree.ancestors()
+        pad = torch.arange(n, width)
+        allowed[b, pad, past + pad] = True  # padding queries: themselves only
+    return allowed
+
+
+class _ForwardCache:
+    """What the HF model sees as `past_key_values` for one batched forward: `update` writes row b's
+    new keys/values at its slot's rows length_b + j and returns rows [0, kv_len) of every slot."""
+
+    def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int):
+        self.kv, self.kv_len, self.batch = kv, kv_len, len(indices)
+        device = kv.keys[0].device
+        self.dense = indices == list(range(len(indices)))
+        self.index = torch.tensor(indices, dtype=torch.long, device=device)
+        self.rows = self.index[:, None]
+        past = torch.tensor(past_lens, dtype=torch.long, device=device)
+        self.cols = past[:, None] + torch.arange(width, device=device)
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        out = []
+        for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
+            buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)
+            view = buf[:self.batch] if self.dense else buf.index_select(0, self.index)
+            out.append(view[:, :, :self.kv_len])
+        return out[0], out[1]
+
+
+@dataclass
+class BatchOutput:
+    logits: list[torch.Tensor]  # per sequence [n_b, V]
+    aux: list[torch.Tensor] | None  # per sequence [n_b, n_aux * H]
+    width: int  # padded new-token count N
+    tokens: int  # real new tokens (sum of n_b)
+
+
+@torch.inference_mode()
+def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], capture_aux: bool = True,
+                  positions_fn=batch_position_ids, allowed_fn=batch_allowed) -> BatchOutput:
+    """One target forward over `trees[b]` appended to `slots[b]` (each slot's length = its past).
+
+    Writes the new rows into the slots' scratch area; nothing is committed (call slot.commit).
+    `positions_fn` / `allowed_fn` exist so tests can inject a wrong mask and see it caught."""
+    if not slots or len(slots) != len(trees):
+        raise AnchorspecError(f"batch_forward needs one tree per slot, got {len(slots)} slots, {len(trees)} trees")
+    kv = slots[0].kv
+    for slot in slots:
+        kv._check(slot)
+    indices = [s.index for s in slots]
+    if len(set(indices)) != len(indices):
+        raise AnchorspecError("batch_forward: a slot appears twice in one batch")
+    past = [s.length for s in slots]
+    width = max(t.size for t in trees)
+    kv_len = max(past) + width
+    kv.reserve(len(kv.slots), kv_len)
+    device = kv.keys[0].device
+    ids = torch.zeros(len(trees), width, dtype=torch.long)
+    for b, tree in enumerate(trees):
+        ids[b, :tree.size] = tree.tokens
+        ids[b, tree.size:] = tree.tokens[0]  # any valid id: padding outputs are never read
+    mask = additive_mask(allowed_fn(trees, past, width, kv_len).to(device), target.dtype)[:, None]
+    keep = torch.cat([torch.arange(t.size) + b * width for b, t in enumerate(trees)])
+    out = target.forward_rows(ids.to(device), positions_fn(trees, past, width).to(device),
+                              _ForwardCache(kv, indices, past, width, kv_len), mask, keep, capture_aux)
+    sizes = [t.size for t in trees]
+    logits = list(out.logits.split(sizes))
+    aux = [out.aux[b, :n] for b, n in enumerate(sizes)] if capture_aux else None
+    return BatchOutput(logits, aux, width, sum(sizes))
