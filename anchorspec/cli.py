@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .data.readers import read_prompts  # the one prompt-file reader (JSONL or JSON array)
 from .errors import AnchorspecError
 
 
@@ -37,34 +38,6 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         print(f"anchorspec: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
-
-
-def read_prompts(path: str) -> list[str]:
-    """JSONL: objects with `prompt` (or `instruction`/`question`) or MT-bench `turns` (first turn), or JSON strings."""
-    from .data.readers import PROMPT_FIELDS, jsonl_rows
-
-    if not Path(path).is_file():
-        raise AnchorspecError(f"prompts file {path} does not exist")
-    prompts = []
-    for n, row in jsonl_rows(path):
-        if isinstance(row, dict):
-            for key in PROMPT_FIELDS:
-                if isinstance(row.get(key), str):
-                    prompts.append(row[key])
-                    break
-            else:
-                turns = row.get("turns")
-                if isinstance(turns, list) and turns and isinstance(turns[0], str):
-                    prompts.append(turns[0])
-                else:
-                    raise AnchorspecError(f"{path}:{n}: expected a 'prompt' or 'turns' field")
-        elif isinstance(row, str):
-            prompts.append(row)
-        else:
-            raise AnchorspecError(f"{path}:{n}: expected an object with 'prompt' or 'turns'")
-    if not prompts:
-        raise AnchorspecError(f"prompts file {path} holds no prompts")
-    return prompts
 
 
 def _summary(stats, speculative: bool) -> str:

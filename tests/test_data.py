@@ -258,10 +258,12 @@ def test_read_prompts_formats(tmp_path):
     assert read_prompts(plain, field="question") == ["not this"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q1"}\n{"answer": "no question"}\n')
-    with pytest.raises(AnchorspecError, match=r"bad.jsonl:2: expected an object with a string 'question'"):
+    with pytest.raises(AnchorspecError, match=r"bad.jsonl:2: expected a string, or an object with a 'prompt'"):
         read_prompts(bad)
+    with pytest.raises(AnchorspecError, match=r"bad.jsonl:2: expected an object with a string 'question'"):
+        read_prompts(bad, field="question")
     bad.write_text('{"text": "x"}\n')
-    with pytest.raises(AnchorspecError, match="no prompt field"):
+    with pytest.raises(AnchorspecError, match=r":1: expected a string, or an object"):
         read_prompts(bad)
     alpaca.write_text(json.dumps([{"instruction": "i1"}, {"instruction": "i2"}])[:-5])
     with pytest.raises(AnchorspecError, match="truncated"):

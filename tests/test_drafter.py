@@ -926,9 +926,9 @@ def test_read_prompts_formats(tmp_path):
 
 
 @pytest.mark.parametrize("text, pattern", [
-    ('{"turns": []}\n', r":1: expected a 'prompt' or 'turns' field"),
-    ('{"turns": [1, 2]}\n', r":1: expected a 'prompt' or 'turns' field"),
-    ('{"prompt": "ok"}\n[1, 2]\n', r":2: expected an object"),
+    ('{"turns": []}\n', r":1: expected a string, or an object with a 'prompt'.* or 'turns' field"),
+    ('{"turns": [1, 2]}\n', r":1: expected a string, or an object"),
+    ('{"prompt": "ok"}\n[1, 2]\n', r":2: expected a string, or an object"),
     ('{"prompt": "ok"}\n{"prompt": \n', r":2: not valid JSON"),
     ("", r"holds no prompts"),
 ])

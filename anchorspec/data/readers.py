@@ -182,10 +182,25 @@ def read_turns_jsonl(path) -> list[list[str]]:
     return out
 
 
+def prompt_text(row, where: str) -> str:
+    """The prompt of one row: a JSON string, an object's prompt/instruction/question field (first
+    present), or MT-bench ``turns`` (the first turn)."""
+    if isinstance(row, str):
+        return row
+    if isinstance(row, dict):
+        for key in PROMPT_FIELDS:
+            if isinstance(row.get(key), str):
+                return row[key]
+        turns = row.get("turns")
+        if isinstance(turns, list) and turns and isinstance(turns[0], str):
+            return turns[0]
+    raise AnchorspecError(f"{where}: expected a string, or an object with a 'prompt', 'instruction', "
+                          f"'question' or 'turns' field, got {row!r:.80}")
+
+
 def read_prompts(path, field: str | None = None) -> list[str]:
-    """Prompt strings from a JSON array or JSONL of objects (GSM8K ``question``, AlpacaEval
-    ``instruction``, ``prompt``). Without ``field``, the first of prompt/instruction/question present
-    in the first row is used for every row."""
+    """Prompt strings from a JSON array or JSONL (the one prompt reader of the CLI): rows as in
+    `prompt_text`, or every row's ``field`` when given (e.g. GSM8K ``question``)."""
     text = _read_text(path)
     if text.lstrip("\ufeff \t\r\n").startswith("["):
         rows = list(iter_json_array(text, path))
@@ -193,17 +208,14 @@ def read_prompts(path, field: str | None = None) -> list[str]:
             raise AnchorspecError(f"{path}: JSON array is truncated (no closing ']')")
     else:
         rows = list(jsonl_rows(path, text))
-    if not rows:
-        raise AnchorspecError(f"prompts file {path} holds no rows")
-    if field is None:
-        first_line, first = rows[0]
-        found = [f for f in PROMPT_FIELDS if isinstance(first, dict) and f in first]
-        if not found:
-            raise AnchorspecError(f"{path}:{first_line}: no prompt field among {PROMPT_FIELDS}; pass field=")
-        field = found[0]
     out = []
     for line, row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+        if field is None:
+            out.append(prompt_text(row, f"{path}:{line}"))
+        elif isinstance(row, dict) and isinstance(row.get(field), str):
+            out.append(row[field])
+        else:
             raise AnchorspecError(f"{path}:{line}: expected an object with a string {field!r} field")
-        out.append(row[field])
+    if not out:
+        raise AnchorspecError(f"prompts file {path} holds no prompts")
     return out

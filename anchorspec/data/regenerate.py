@@ -23,7 +23,7 @@ import torch
 from anchorspec.errors import AnchorspecError
 
 from .chat import prompt_ids
-from .readers import (PROMPT_FIELDS, ReadStats, _check_message, _read_text, iter_json_array, jsonl_rows,
+from .readers import (ReadStats, _check_message, _read_text, iter_json_array, jsonl_rows, prompt_text,
                       sharegpt_to_conversation)
 
 SHAREGPT_ALIAS = "sharegpt"
@@ -83,7 +83,7 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0) -> lis
                     items.append(PromptItem(f"{name}:{i}", msgs))
         else:
             for i, (line, row) in enumerate(iter_json_array(text, real, ReadStats())):
-                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": _prompt_of(row, real, line)}]))
+                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": prompt_text(row, f"{real}:{line}")}]))
     else:
         for i, (line, row) in enumerate(jsonl_rows(real, text)):
             if isinstance(row, dict) and isinstance(row.get("messages"), list):
@@ -91,27 +91,14 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0) -> lis
                 if msgs is None:
                     raise AnchorspecError(f"{real}:{line}: 'messages' holds no user turn")
                 items.append(PromptItem(f"{name}:{i}", msgs))
-            elif isinstance(row, dict) and isinstance(row.get("turns"), list) and row["turns"]:
-                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": str(row["turns"][0])}]))
             else:
-                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": _prompt_of(row, real, line)}]))
+                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": prompt_text(row, f"{real}:{line}")}]))
     if not items:
         raise AnchorspecError(f"{path}: no prompts found")
     if limit is not None and limit < len(items):
         rng = random.Random(seed)
         items = sorted(rng.sample(items, limit), key=lambda it: int(it.id.rsplit(":", 1)[1]))
     return items
-
-
-def _prompt_of(row, path, line) -> str:
-    if isinstance(row, str):
-        return row
-    if isinstance(row, dict):
-        for key in PROMPT_FIELDS:
-            if isinstance(row.get(key), str):
-                return row[key]
-    raise AnchorspecError(f"{path}:{line}: expected a string, or an object with one of {PROMPT_FIELDS}, "
-                          f"'turns' or 'messages'")
 
 
 def done_ids(out_path: Path) -> set[str]:
