@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .data.chat import prompt_ids
+from .decode.adaptive import AdaptiveDepth
 from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
@@ -22,6 +23,7 @@ from .decode.tree import TreeShape
 from .errors import AnchorspecError
 from .metrics import GenerationStats
 from .models.drafter import Eagle3Drafter, load_drafter
+from .models.hub import resolve_target
 from .models.target import Target, load_target, parse_dtype
 
 # CPU-sized: a 16-token verification costs ~1.6x a decode step here, 32 tokens ~2.2x (benchmarks/bench_core.py);
@@ -59,9 +61,11 @@ def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
 
 
 class Engine:
-    def __init__(self, target: Target, drafter: Eagle3Drafter | None = None):
+    def __init__(self, target: Target, drafter: Eagle3Drafter | None = None, shape: TreeShape | None = None):
         self.target = target
         self.drafter = drafter
+        self.shape = shape or DEFAULT_TREE  # used when generate() gets no shape
+        self.shape_source = "given" if shape else "default"
         self.proposer = None
         if drafter is not None:
             attach_drafter(target, drafter)
@@ -100,22 +104,36 @@ class Engine:
 
     def generate(self, prompt: str | list[int] | torch.Tensor, *, chat: bool = False, system: str | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                 seed: int | None = None, shape: TreeShape | None = None, speculative: bool = True) -> Completion:
+                 seed: int | None = None, shape: TreeShape | None = None, speculative: bool = True,
+                 adaptive: bool = False) -> Completion:
+        """`adaptive`: start from the shape and adapt its depth to the acceptance of this generation."""
         ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else prompt
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature, top_p, top_k),
                                seed=seed, stop_token_ids=self.stop_token_ids())
         if speculative and self.proposer is not None:
-            res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg, shape or DEFAULT_TREE)
+            base = shape or self.shape
+            res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
+                                                         AdaptiveDepth(base) if adaptive else base)
         else:
             res = generate_vanilla(self.target, ids, cfg)
         text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         return Completion(text, res.token_ids, res.finish_reason, res.stats)
 
 
-def load(target: str, drafter: str | None = None, dtype: str = "float32", threads: int | None = None) -> Engine:
+def load(target: str, drafter: str | None = None, dtype: str = "float32", threads: int | None = None,
+         shape: TreeShape | None = None) -> Engine:
+    """`shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
+    machine if it was run, else DEFAULT_TREE (`engine.shape_source` says which)."""
     if threads:
         torch.set_num_threads(threads)
     torch_dtype = parse_dtype(dtype)
     d = load_drafter(drafter, torch_dtype) if drafter else None
     aux = d.config.eagle_aux_hidden_state_layer_ids if d is not None else None
-    return Engine(load_target(target, torch_dtype, aux_layer_ids=aux), d)
+    engine = Engine(load_target(target, torch_dtype, aux_layer_ids=aux), d, shape)
+    if d is not None and shape is None:
+        from .decode.shape import load_profile_shape
+
+        tuned = load_profile_shape(resolve_target(target), drafter, torch_dtype)
+        if tuned is not None:
+            engine.shape, engine.shape_source = tuned[0], f"tuned ({tuned[1]})"
+    return engine

@@ -18,11 +18,9 @@ def _tree_arg(text: str):
     from .decode.tree import TreeShape
 
     try:
-        top_k, depth, total = (int(x) for x in text.split(","))
-        return TreeShape(top_k, depth, total)
-    except (ValueError, AnchorspecError) as exc:
-        detail = str(exc) if isinstance(exc, AnchorspecError) else "three integers"
-        raise argparse.ArgumentTypeError(f"expects TOP_K,DEPTH,TOTAL ({detail}), got {text!r}") from None
+        return TreeShape.parse(text)
+    except AnchorspecError as exc:
+        raise argparse.ArgumentTypeError(f"expects TOP_K,DEPTH,TOTAL ({exc})") from None
 
 
 def _int_list(text: str) -> list[int]:
@@ -46,29 +44,33 @@ def _summary(stats, speculative: bool) -> str:
 
 
 def cmd_generate(args) -> int:
-    from .api import DEFAULT_TREE, load
+    from .api import load
     from .decode.tree import TreeShape
 
     if args.no_spec and args.drafter:
         raise AnchorspecError("--no-spec and --drafter conflict: choose one")
     if not args.no_spec and not args.drafter:
         raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
-    if (args.chain is not None or args.tree is not None) and args.no_spec:
-        raise AnchorspecError("--chain/--tree need a drafter; they conflict with --no-spec")
+    if (args.chain is not None or args.tree is not None or args.adaptive) and args.no_spec:
+        raise AnchorspecError("--chain/--tree/--adaptive need a drafter; they conflict with --no-spec")
     if args.system is not None and not args.chat:
         raise AnchorspecError("--system needs --chat (the system prompt goes through the chat template)")
     if args.chain is not None and args.chain < 1:
         raise AnchorspecError(f"--chain must be >= 1, got {args.chain}")
-    shape = TreeShape.chain(args.chain) if args.chain is not None else (args.tree or DEFAULT_TREE)
+    shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape)
+    if not args.no_spec:
+        s = engine.shape
+        hint = "; `anchorspec tune` picks one for this machine" if engine.shape_source == "default" else ""
+        print(f"[draft shape {s.top_k},{s.depth},{s.total_tokens}: {engine.shape_source}{hint}]", file=sys.stderr)
     total = None
     bar = tqdm(prompts, desc="generate", unit="prompt", disable=len(prompts) < 2, file=sys.stderr)
     for i, prompt in enumerate(bar):
         seed = None if args.seed is None else args.seed + i
         res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
-                              shape=shape, speculative=not args.no_spec)
+                              shape=shape, speculative=not args.no_spec, adaptive=args.adaptive)
         total = res.stats if total is None else total.merge(res.stats)
         bar.set_postfix_str(_summary(total, speculative=not args.no_spec))
         if args.json:
@@ -244,6 +246,68 @@ def cmd_drift(args) -> int:
     return 0
 
 
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects comma-separated numbers, got {text!r}") from None
+
+
+def cmd_bench(args) -> int:
+    from .bench import BenchSpec, run_bench
+    from .decode.tree import TreeShape
+
+    shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree
+    spec = BenchSpec(target=args.target, drafters=[_drafter_arg(t) for t in args.drafter or []],
+                     baselines=tuple(b for b in args.baselines.split(",") if b), workloads=args.workloads,
+                     temperatures=tuple(args.temperatures), limit=args.limit, max_new_tokens=args.max_new_tokens,
+                     dtype=args.dtype, data_dir=args.data_dir, out=args.out, resume=args.resume,
+                     progress=not args.no_progress, **({"shape": shape} if shape is not None else {}))
+    _set_threads(args.threads)
+    summary = run_bench(spec)
+    print((Path(args.out) / "results.md").read_text())
+    plots = ", ".join(Path(p).name for p in summary["plots"])
+    print(f"wrote {args.out}/records.jsonl, summary.json, results.md, {plots}")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    import torch
+
+    from .api import DEFAULT_TREE, load
+    from .bench.workloads import encode, load_workload
+    from .decode.shape import profile_path, save_profile, tune
+    from .models.hub import resolve_target
+
+    if args.limit < 1 or args.new_tokens < 8:
+        raise AnchorspecError("--limit must be >= 1 and --new-tokens >= 8")
+    if not Path(args.drafter).is_dir():
+        raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
+    _set_threads(args.threads)
+    engine = load(args.target, args.drafter, args.dtype, shape=DEFAULT_TREE)  # every candidate gets measured
+    tok = engine.tokenizer
+    if args.prompts:
+        prompts = [engine.encode(p, chat=True) for p in read_prompts(args.prompts)[:args.limit]]
+    else:
+        prompts = [encode(tok, p, []) for p in load_workload("mt_bench", args.limit, tok, args.data_dir)]
+    estimates, plain_s, context = tune(engine, prompts, args.new_tokens, progress=True)
+    path = profile_path(resolve_target(args.target), args.drafter, engine.target.dtype)
+    meta = {"target": args.target, "drafter": args.drafter, "dtype": args.dtype, "threads": torch.get_num_threads(),
+            "prompts": len(prompts), "new_tokens": args.new_tokens}
+    save_profile(path, estimates, plain_s, context, meta)
+    print(f"plain decoding: {1 / plain_s:.1f} tok/s (verification context {context} tokens)")
+    print("| shape (top_k,depth,total) | tau | draft ms | verify ms | expected tok/s | vs plain |")
+    print("|---|---|---|---|---|---|")
+    for e in estimates[: args.show]:
+        print(f"| {','.join(map(str, e.shape))} | {e.tau:.2f} | {e.draft_s * 1e3:.1f} | {e.verify_s * 1e3:.1f} | "
+              f"{e.tokens_per_s:.1f} | {e.tokens_per_s * plain_s:.2f}x |")
+    best = estimates[0]
+    verdict = "generate and serve now use it" if best.tokens_per_s * plain_s > 1 else \
+        "no shape beats plain decoding here: consider --no-spec"
+    print(f"best: {','.join(map(str, best.shape))} ({verdict}); profile: {path}")
+    return 0
+
+
 def cmd_serve(args) -> int:
     try:
         import uvicorn
@@ -252,7 +316,7 @@ def cmd_serve(args) -> int:
         from .serve.monitor import DriftMonitor
     except ImportError as exc:
         raise AnchorspecError(f"serving needs the serve extra: pip install 'anchorspec[serve]' ({exc.name} missing)")
-    from .api import DEFAULT_TREE, load
+    from .api import load
     from .decode.tree import TreeShape
 
     if not 0 < args.port < 65536:
@@ -265,13 +329,14 @@ def cmd_serve(args) -> int:
         raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
     if (args.chain is not None or args.tree is not None) and not args.drafter:
         raise AnchorspecError("--chain/--tree need --drafter")
-    shape = TreeShape.chain(args.chain) if args.chain is not None else (args.tree or DEFAULT_TREE)
+    shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape)
     name = args.model_name or Path(args.target.rstrip("/")).name
     app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
-                     shape=shape if args.drafter else None, max_running=args.max_running)
-    mode = f"speculative, tree {shape}" if args.drafter else "plain decoding (no --drafter)"
+                     shape=engine.shape if args.drafter else None, max_running=args.max_running)
+    mode = (f"speculative, tree {engine.shape} ({engine.shape_source})" if args.drafter
+            else "plain decoding (no --drafter)")
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -311,8 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int)
     shape = g.add_mutually_exclusive_group()
+    g.add_argument("--adaptive", action="store_true",
+                   help="adapt the draft depth during each generation (deeper after full accepts, shallower "
+                        "after wasted levels)")
     shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
-    shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="EAGLE-2 dynamic tree (default 4,4,16)")
+    shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL",
+                       help="EAGLE-2 dynamic tree (default: the `anchorspec tune` shape, else 4,4,16)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     g.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
@@ -404,6 +473,43 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--plot", help="PNG: sink/own attention, hidden RMS and acceptance over depth")
     dr.set_defaults(func=cmd_drift)
 
+    b = sub.add_parser("bench", help="methods side by side on standard, template-perturbed and long-context workloads")
+    b.add_argument("--target", required=True)
+    b.add_argument("--drafter", action="append", metavar="NAME=DIR", help="a drafter to run (repeat to compare)")
+    b.add_argument("--baselines", default="hf,hf_lookup,vanilla",
+                   help="comma-separated: hf (HF generate, always run: the baseline), hf_lookup (HF prompt "
+                        "lookup), vanilla (the project's plain loop)")
+    b.add_argument("--workloads", default="standard",
+                   help="groups standard, templates, long, or names (mt_bench, gsm8k, humaneval, alpaca, qa, sum, "
+                        "tpl-default, tpl-empty-system, tpl-sys-concise, tpl-sys-pirate, tpl-sys-expert, tpl-plain, "
+                        "long-1k, long-2k, long-4k, long-8k)")
+    b.add_argument("--temperatures", type=_float_list, default=[0.0], help="e.g. 0,1")
+    b.add_argument("--limit", type=int, default=5, help="prompts per workload")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
+    b.add_argument("--threads", type=int)
+    b_shape = b.add_mutually_exclusive_group()
+    b_shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
+    b_shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="dynamic tree (default 4,4,16)")
+    b.add_argument("--data-dir", help="folder holding eagle_eval/ and long_context/ (default ../shared/data)")
+    b.add_argument("--out", required=True, help="output folder")
+    b.add_argument("--resume", action="store_true", help="continue the records in --out")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    tu = sub.add_parser("tune", help="pick the draft shape for this machine from measured costs and acceptance")
+    tu.add_argument("--target", required=True)
+    tu.add_argument("--drafter", required=True, help="drafter directory")
+    tu.add_argument("--prompts", help="calibration prompts (JSONL, chat template applied); default: EAGLE's "
+                                      "MT-bench subset in --data-dir")
+    tu.add_argument("--data-dir", help="folder holding eagle_eval/ (default ../shared/data)")
+    tu.add_argument("--limit", type=int, default=4, help="calibration prompts")
+    tu.add_argument("--new-tokens", type=int, default=128, help="greedy answer length per prompt")
+    tu.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
+    tu.add_argument("--threads", type=int, help="the thread count generate will use (the profile is per count)")
+    tu.add_argument("--show", type=int, default=10, help="table rows to print")
+    tu.set_defaults(func=cmd_tune)
+
     sv = sub.add_parser("serve", help="OpenAI-compatible server (chat/completions, streaming, /metrics); needs [serve]")
     sv.add_argument("--target", required=True)
     sv.add_argument("--drafter", help="EAGLE-3/3.1 drafter directory (omit for plain decoding)")
@@ -416,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--threads", type=int, help="torch intra-op threads")
     sv_shape = sv.add_mutually_exclusive_group()
     sv_shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
-    sv_shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="dynamic tree (default 4,4,16)")
+    sv_shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL",
+                          help="dynamic tree (default: the `anchorspec tune` shape, else 4,4,16)")
     sv.add_argument("--max-running", type=int, default=16, help="sequences decoded together; the rest wait")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     sv.add_argument("--no-fallback", action="store_true", help="never switch a request to plain decoding")

@@ -63,6 +63,16 @@ class GenerationStats:
         out.accepted_per_depth = [a + b for a, b in zip(pad(self.accepted_per_depth), pad(other.accepted_per_depth))]
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "GenerationStats":
+        """Inverse of to_dict (for records read back from JSON)."""
+        t = d.get("time_s", {})
+        return cls(prompt_tokens=d["prompt_tokens"], new_tokens=d["new_tokens"], target_forwards=d["target_forwards"],
+                   verify_steps=d["verify_steps"], drafted_tokens=d["drafted_tokens"],
+                   accepted_tokens=d["accepted_tokens"], reached_per_depth=list(d["reached_per_depth"]),
+                   accepted_per_depth=list(d["accepted_per_depth"]), prefill_s=t.get("prefill", 0.0),
+                   draft_s=t.get("draft", 0.0), verify_s=t.get("verify", 0.0), total_s=t.get("total", 0.0))
+
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,

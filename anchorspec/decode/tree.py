@@ -32,6 +32,15 @@ class TreeShape:
             )
 
     @classmethod
+    def parse(cls, text: str) -> "TreeShape":
+        """'TOP_K,DEPTH,TOTAL' (e.g. '4,4,16'; '1,K,K+1' is a chain of K)."""
+        try:
+            top_k, depth, total = (int(x) for x in text.split(","))
+        except ValueError:
+            raise AnchorspecError(f"a draft shape is three integers TOP_K,DEPTH,TOTAL, got {text!r}") from None
+        return cls(top_k, depth, total)
+
+    @classmethod
     def chain(cls, k: int) -> "TreeShape":
         return cls(top_k=1, depth=k, total_tokens=k + 1)
 

@@ -1,0 +1,97 @@
+"""The methods a benchmark compares. Each turns prompt ids into new tokens and is timed the same way.
+
+  hf            Hugging Face `generate` (greedy at T=0, multinomial at T>0): the baseline
+  hf_lookup     Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`)
+  vanilla       the project's own plain loop (generate_vanilla)
+  <drafter>     the project's speculative loop with an EAGLE drafter and a draft shape (fixed, or
+                adapted during the generation: decode/adaptive.py)
+
+All share one target model. Every method stops at the same stop tokens and counts a stop token it
+emits as a new token, so tokens/s compare like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..api import attach_drafter
+from ..decode.adaptive import AdaptiveDepth
+from ..decode.engine import GenerationConfig, generate_speculative, generate_vanilla
+from ..decode.propose import EagleProposer
+from ..decode.sampling import SamplingParams
+from ..decode.tree import TreeShape
+from ..metrics import GenerationStats
+from ..models.drafter import Eagle3Drafter
+from ..models.target import Target
+from .memory import PeakMemory
+
+PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    seconds: float
+    stats: GenerationStats | None  # speculative runs only
+    peak_mib: float | None  # peak memory during the call (see memory.PeakMemory)
+
+
+class Method:
+    name: str
+    kind: str  # "baseline", "hf", "loop" or "drafter"
+
+    def _generate(self, ids: list[int], max_new: int, temperature: float, seed: int):
+        raise NotImplementedError
+
+    def run(self, ids: list[int], max_new: int, temperature: float, seed: int) -> Run:
+        peak = PeakMemory()
+        with peak:
+            t0 = time.perf_counter()
+            tokens, stats = self._generate(ids, max_new, temperature, seed)
+            dt = time.perf_counter() - t0
+        return Run(tokens, dt, stats, peak.mib)
+
+
+class HFGenerate(Method):
+    def __init__(self, target: Target, stop_ids: tuple[int, ...], prompt_lookup: int = 0):
+        self.target, self.stop_ids, self.prompt_lookup = target, list(stop_ids), prompt_lookup
+        self.name = "hf_lookup" if prompt_lookup else "hf"
+        self.kind = "hf" if prompt_lookup else "baseline"
+
+    @torch.inference_mode()
+    def _generate(self, ids, max_new, temperature, seed):
+        x = torch.tensor([ids])
+        kwargs = {"do_sample": False}
+        if temperature > 0:  # plain multinomial sampling: no top-k/top-p truncation (HF's default top_k is 50)
+            torch.manual_seed(seed)
+            kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if self.prompt_lookup:
+            kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup
+        out = self.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                         eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0], **kwargs)
+        return out[0, len(ids):].tolist(), None  # batch 1: everything after the prompt is new
+
+
+class Loop(Method):
+    """The project's loops: plain (drafter None) or speculative with `shape`."""
+
+    def __init__(self, name: str, target: Target, stop_ids: tuple[int, ...], drafter: Eagle3Drafter | None = None,
+                 shape: TreeShape | None = None, adaptive: bool = False):
+        self.name, self.target, self.stop_ids = name, target, tuple(stop_ids)
+        self.drafter, self.shape, self.adaptive = drafter, shape, adaptive
+        self.proposer = EagleProposer(drafter) if drafter is not None else None
+        self.kind = "drafter" if drafter is not None else "loop"
+
+    def _generate(self, ids, max_new, temperature, seed):
+        cfg = GenerationConfig(max_new_tokens=max_new, sampling=SamplingParams(temperature), seed=seed,
+                               stop_token_ids=self.stop_ids)
+        if self.proposer is None:
+            res = generate_vanilla(self.target, ids, cfg)
+            return res.token_ids, None
+        attach_drafter(self.target, self.drafter)  # drafters may differ in aux layers: set them per call
+        shape = AdaptiveDepth(self.shape) if self.adaptive else self.shape  # a fresh controller per generation
+        res = generate_speculative(self.target, self.proposer, ids, cfg, shape)
+        return res.token_ids, res.stats

@@ -1,0 +1,207 @@
+"""Choosing the draft shape from this machine's measured costs and this drafter's measured acceptance.
+
+Expected speed of a shape s (tokens per second of a speculative step):
+
+    tokens/s(s) = tau(s) / (t_draft(s) + t_verify(N_s))
+
+  tau(s)        mean accepted length (+1 bonus) per step at temperature 0, measured by *replay*: the
+                target's greedy answers to calibration prompts are known, so a draft of shape s made at
+                any point accepts exactly its longest root path that spells the answer's next tokens.
+                The replay walks each answer as generation would (advance by the accepted length + 1),
+                using the target's features of the answer (one forward per prompt), so it costs
+                drafter passes only, not a verification per shape.
+  t_draft(s)    measured during the replay (proposer update + propose).
+  t_verify(N)   one tree-verification forward over N tokens after a context as long as the
+                calibration's mean, timed on this machine (median of repeats).
+
+Plain decoding runs at 1 / t_plain; a shape is worth using only if it beats that. The chosen shape
+and the whole table go to a JSON profile keyed by target, drafter, dtype, threads and CPU, which
+`generate` and `serve` use by default when it exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import AnchorspecError
+from ..models.hub import cache_home
+from ..models.target import Target
+from .kv import commit_path
+from .propose import EagleProposer
+from .sampling import SamplingParams
+from .tree import DraftTree, TreeShape, tree_attention_mask, tree_position_ids
+
+CANDIDATES = (
+    [TreeShape.chain(k) for k in range(1, 7)]
+    + [TreeShape(*s) for s in ((2, 3, 6), (2, 4, 8), (2, 5, 12), (2, 6, 16), (4, 3, 8), (4, 4, 12), (4, 4, 16),
+                               (4, 5, 24), (4, 6, 32), (8, 4, 16), (8, 5, 32), (8, 6, 48), (10, 7, 60))]
+)
+GREEDY = SamplingParams()
+
+
+@dataclass
+class ShapeEstimate:
+    shape: tuple[int, int, int]  # (top_k, depth, total_tokens)
+    tau: float
+    acceptance_per_depth: list[float]
+    draft_s: float
+    verify_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.draft_s + self.verify_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tau / self.step_s
+
+
+def accepted_length(tree: DraftTree, answer: list[int]) -> int:
+    """Greedy acceptance of `tree` against the known continuation `answer` (the tokens after the root):
+    the depth of the deepest node whose root path spells answer[:depth]."""
+    best, frontier = 0, [0]
+    for depth, token in enumerate(answer, start=1):
+        frontier = [c for node in frontier for c in tree.children[node] if int(tree.tokens[c]) == token]
+        if not frontier:
+            break
+        best = depth
+    return best
+
+
+@torch.inference_mode()
+def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prompt_len: int,
+           shape: TreeShape) -> tuple[list[int], list[int], float, int]:
+    """Walk one greedy answer with drafts of `shape`. Returns per-step (draft depth, accepted) pairs
+    as two lists, the drafting seconds and the number of steps."""
+    aux = target.forward(sequence, torch.arange(sequence.numel()), target.new_cache(), capture_aux=True).aux
+    proposer.reset()
+    pos, fed = prompt_len, 0  # pos: index of the pending (root) token; fed: features given to the proposer
+    depths, accepted, seconds = [], [], 0.0
+    while pos < sequence.numel() - 2:  # as in generation, the last token comes from a plain step
+        answer = sequence[pos + 1:].tolist()
+        depth = min(shape.depth, len(answer) - 1)  # the engine never drafts into the bonus token's slot
+        step = shape if depth == shape.depth else (
+            TreeShape.chain(depth) if shape.is_chain else TreeShape(shape.top_k, depth, shape.total_tokens))
+        t0 = time.perf_counter()
+        proposer.update(sequence[:pos + 1], aux[fed:pos])
+        tree = proposer.propose(step, GREEDY, None)
+        seconds += time.perf_counter() - t0
+        fed = pos
+        n = accepted_length(tree, answer)
+        depths.append(tree.depth)
+        accepted.append(n)
+        pos += n + 1
+    return depths, accepted, seconds, len(depths)
+
+
+@torch.inference_mode()
+def verify_cost(target: Target, context: int, sizes: list[int], repeats: int = 9) -> tuple[dict[int, float], float]:
+    """Median seconds of one tree-verification forward over N tokens after `context` tokens, per N,
+    and of one plain decode step (1 token, no mask, no aux). The sizes take turns within each repeat,
+    so a slow patch of the machine hits all of them alike."""
+    ids = torch.arange(context) % target.vocab_size
+    cache = target.new_cache()
+    target.forward(ids, torch.arange(context), cache, last_only=True)
+    calls = {0: lambda: target.forward(torch.tensor([1]), torch.tensor([context]), cache)}  # 0: the plain step
+    for n in sorted(set(sizes)):
+        tree = DraftTree(torch.arange(n) % target.vocab_size, [-1] + [(i - 1) // 4 for i in range(1, n)])
+        mask, pos = tree_attention_mask(tree, context, target.dtype), tree_position_ids(tree, context)
+        calls[n] = (lambda t=tree, m=mask, p=pos:
+                    target.forward(t.tokens, p, cache, attention_mask=m, capture_aux=True))
+    samples: dict[int, list[float]] = {n: [] for n in calls}
+    for r in range(repeats + 2):  # two warm-up rounds
+        for n, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            dt = time.perf_counter() - t0
+            commit_path(cache, context, [])  # drop the rows just appended
+            if r >= 2:
+                samples[n].append(dt)
+    plain = statistics.median(samples.pop(0))
+    return {n: statistics.median(v) for n, v in samples.items()}, plain
+
+
+def estimate_shapes(target: Target, proposer: EagleProposer, sequences: list[tuple[torch.Tensor, int]],
+                    shapes=CANDIDATES, progress=None) -> tuple[list[ShapeEstimate], float, int]:
+    """Estimates for every shape from replays of `sequences` ((prompt + greedy answer, prompt length)),
+    best first; also the plain step's seconds and the verification context used."""
+    if not sequences:
+        raise AnchorspecError("shape estimation needs at least one calibration prompt")
+    context = int(statistics.fmean(seq.numel() for seq, _ in sequences))
+    verify, plain = verify_cost(target, context, [s.total_tokens for s in shapes])
+    out = []
+    for shape in shapes:
+        depths, accepted, seconds, steps = [], [], 0.0, 0
+        for seq, prompt_len in sequences:
+            d, a, s, n = replay(target, proposer, seq, prompt_len, shape)
+            depths += d
+            accepted += a
+            seconds += s
+            steps += n
+        reached = [sum(1 for d, a in zip(depths, accepted) if d >= k and a >= k - 1) for k in range(1, shape.depth + 1)]
+        hits = [sum(1 for a in accepted if a >= k) for k in range(1, shape.depth + 1)]
+        out.append(ShapeEstimate((shape.top_k, shape.depth, shape.total_tokens),
+                                 (sum(accepted) + steps) / steps, [h / r if r else 0.0 for h, r in zip(hits, reached)],
+                                 seconds / steps, verify[shape.total_tokens]))
+        if progress is not None:
+            progress.update(1)
+    out.sort(key=lambda e: e.tokens_per_s, reverse=True)
+    return out, plain, context
+
+
+def tune(engine, prompts: list[list[int]], new_tokens: int, shapes=CANDIDATES, progress: bool = False):
+    """Greedy answers to `prompts` with plain decoding, then estimate_shapes on them."""
+    from tqdm import tqdm
+
+    from .engine import GenerationConfig, generate_vanilla
+
+    if engine.proposer is None:
+        raise AnchorspecError("tuning the draft shape needs a drafter")
+    cfg = GenerationConfig(max_new_tokens=new_tokens, stop_token_ids=engine.stop_token_ids())
+    sequences = []
+    for ids in tqdm(prompts, desc="greedy answers", unit="prompt", disable=not progress):
+        answer = generate_vanilla(engine.target, ids, cfg).token_ids
+        sequences.append((torch.tensor(list(ids) + answer, dtype=torch.long), len(ids)))
+    with tqdm(total=len(shapes), desc="replay shapes", unit="shape", disable=not progress) as bar:
+        return estimate_shapes(engine.target, engine.proposer, sequences, shapes, progress=bar)
+
+
+# --- the profile on disk ----------------------------------------------------------------------------
+
+def profile_path(target_dir: str, drafter_dir: str, dtype: torch.dtype) -> Path:
+    """One profile per (target, drafter, dtype, threads, CPU): costs and acceptance depend on all five."""
+    key = "|".join([str(Path(target_dir).resolve()), str(Path(drafter_dir).resolve()), str(dtype),
+                    str(torch.get_num_threads()), platform.machine(), str(os.cpu_count()),
+                    torch.backends.cpu.get_cpu_capability()])
+    return cache_home() / "shapes" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+
+
+def save_profile(path: Path, estimates: list[ShapeEstimate], plain_s: float, context: int, meta: dict) -> None:
+    best = estimates[0]
+    body = {"best": list(best.shape), "speculate": best.tokens_per_s > 1 / plain_s, "plain_tokens_per_s": 1 / plain_s,
+            "context": context, "meta": meta,
+            "estimates": [dict(asdict(e), tokens_per_s=e.tokens_per_s) for e in estimates]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_profile_shape(target_dir: str, drafter_dir: str, dtype: torch.dtype) -> tuple[TreeShape, Path] | None:
+    """The tuned shape for this target, drafter, dtype and machine, or None if never tuned."""
+    path = profile_path(target_dir, drafter_dir, dtype)
+    if not path.is_file():
+        return None
+    try:
+        return TreeShape(*json.loads(path.read_text())["best"]), path
+    except (ValueError, KeyError, TypeError, AnchorspecError):
+        return None  # a damaged profile is ignored, not fatal: the default shape still works
