@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import _order, drafters
+from .report import drafters, ordered
 
 
 def plot_summary(summary: dict, out_dir: str | Path) -> list[Path]:
@@ -18,7 +18,7 @@ def plot_summary(summary: dict, out_dir: str | Path) -> list[Path]:
     names = drafters(summary)
     others = [m for m in summary["methods"][1:]]
     for t, block in summary["temperatures"].items():
-        workloads = _order(block["workloads"])
+        workloads = ordered(block["workloads"])
         fig, axes = plt.subplots(1, 3, figsize=(19, 5.2), gridspec_kw={"width_ratios": [2, 2, 1]})
         _bars(axes[0], workloads, names, lambda w, m: block["workloads"][w].get(m, {}).get("tau"))
         axes[0].set_title(f"tau (tokens per verification), T={t}")
@@ -27,7 +27,7 @@ def plot_summary(summary: dict, out_dir: str | Path) -> list[Path]:
         axes[1].set_title(f"speedup over {summary['methods'][0]} (median, paired per prompt), T={t}")
         ax = axes[2]
         for m in names:
-            for g in _order(block["groups"]):
+            for g in ordered(block["groups"]):
                 acc = block["groups"][g].get(m, {}).get("acceptance_per_depth")
                 if acc:
                     ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{m} {g}")

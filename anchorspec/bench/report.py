@@ -82,7 +82,8 @@ def tau_ratios(summary: dict) -> dict:
     return out
 
 
-def _order(names) -> list[str]:
+def ordered(names) -> list[str]:
+    """Workload and group names in the order of GROUPS (unknown names last)."""
     ranked = [w for g in GROUPS.values() for w in g] + list(GROUPS)
     return sorted(names, key=lambda n: ranked.index(n) if n in ranked else len(ranked))
 
@@ -103,7 +104,7 @@ def markdown(summary: dict, environment: dict | None = None) -> str:
                      "same tokens as baseline | prompt tokens | peak MiB |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for level in ("workloads", "groups"):
-            for w in _order(block[level]):
+            for w in ordered(block[level]):
                 for m in summary["methods"]:
                     c = block[level][w].get(m)
                     if c is None:
@@ -119,5 +120,5 @@ def markdown(summary: dict, environment: dict | None = None) -> str:
         lines.append("")
         for pair, ratios in summary["tau_ratios"].get(t, {}).items():
             lines.append(f"tau ratio {pair} at T={t}: " + ", ".join(
-                f"{name} {ratios[name]:.2f}" for name in _order(ratios)) + "\n")
+                f"{name} {ratios[name]:.2f}" for name in ordered(ratios)) + "\n")
     return "\n".join(lines)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..errors import AnchorspecError
+from ..metrics import GenerationStats
 from ..models.hub import cache_home
 from ..models.target import Target
 from .kv import commit_path
@@ -79,13 +80,13 @@ def accepted_length(tree: DraftTree, answer: list[int]) -> int:
 
 @torch.inference_mode()
 def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prompt_len: int,
-           shape: TreeShape) -> tuple[list[int], list[int], float, int]:
-    """Walk one greedy answer with drafts of `shape`. Returns per-step (draft depth, accepted) pairs
-    as two lists, the drafting seconds and the number of steps."""
+           shape: TreeShape) -> GenerationStats:
+    """Walk one greedy answer with drafts of `shape`: the steps, drafted and accepted tokens that
+    greedy speculation would record (draft_s = the drafting time; no verification is run)."""
     aux = target.forward(sequence, torch.arange(sequence.numel()), target.new_cache(), capture_aux=True).aux
     proposer.reset()
+    stats = GenerationStats()
     pos, fed = prompt_len, 0  # pos: index of the pending (root) token; fed: features given to the proposer
-    depths, accepted, seconds = [], [], 0.0
     while pos < sequence.numel() - 2:  # as in generation, the last token comes from a plain step
         answer = sequence[pos + 1:].tolist()
         depth = min(shape.depth, len(answer) - 1)  # the engine never drafts into the bonus token's slot
@@ -94,13 +95,12 @@ def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prom
         t0 = time.perf_counter()
         proposer.update(sequence[:pos + 1], aux[fed:pos])
         tree = proposer.propose(step, GREEDY, None)
-        seconds += time.perf_counter() - t0
+        stats.draft_s += time.perf_counter() - t0
         fed = pos
         n = accepted_length(tree, answer)
-        depths.append(tree.depth)
-        accepted.append(n)
+        stats.record_step(tree.depth, tree.size - 1, n)
         pos += n + 1
-    return depths, accepted, seconds, len(depths)
+    return stats
 
 
 @torch.inference_mode()
@@ -140,18 +140,12 @@ def estimate_shapes(target: Target, proposer: EagleProposer, sequences: list[tup
     verify, plain = verify_cost(target, context, [s.total_tokens for s in shapes])
     out = []
     for shape in shapes:
-        depths, accepted, seconds, steps = [], [], 0.0, 0
+        stats = GenerationStats()
         for seq, prompt_len in sequences:
-            d, a, s, n = replay(target, proposer, seq, prompt_len, shape)
-            depths += d
-            accepted += a
-            seconds += s
-            steps += n
-        reached = [sum(1 for d, a in zip(depths, accepted) if d >= k and a >= k - 1) for k in range(1, shape.depth + 1)]
-        hits = [sum(1 for a in accepted if a >= k) for k in range(1, shape.depth + 1)]
-        out.append(ShapeEstimate((shape.top_k, shape.depth, shape.total_tokens),
-                                 (sum(accepted) + steps) / steps, [h / r if r else 0.0 for h, r in zip(hits, reached)],
-                                 seconds / steps, verify[shape.total_tokens]))
+            stats = stats.merge(replay(target, proposer, seq, prompt_len, shape))
+        steps = max(stats.verify_steps, 1)
+        out.append(ShapeEstimate((shape.top_k, shape.depth, shape.total_tokens), stats.tau or 1.0,
+                                 stats.acceptance_per_depth, stats.draft_s / steps, verify[shape.total_tokens]))
         if progress is not None:
             progress.update(1)
     out.sort(key=lambda e: e.tokens_per_s, reverse=True)
