@@ -950,3 +950,30 @@ def test_bf16_drafter_keeps_fp32_rope_frequencies():
     drafter = init_drafter(cfg, "eagle3.1").to(torch.bfloat16)
     assert drafter._inv_freq.dtype == torch.float32
     torch.testing.assert_close(drafter._inv_freq, rope_inv_freq(drafter.config).float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3.1"])
+def test_first_pass_uses_sdpa_causal_and_matches_the_explicit_mask(variant):
+    """A pass over a whole prompt (empty cache) skips the [T, T] mask tensor, and last_only skips all
+    but the last position's logits; same outputs and cache."""
+    from anchorspec.models.drafter import causal_mask
+    from helpers import tiny_config
+
+    drafter = init_drafter(tiny_config(), variant, seed=2).to(torch.float64)
+    drafter.bind_target_embedding(torch.randn(96, 32, dtype=torch.float64))
+    T = 23
+    ids, pos = torch.randint(0, 96, (1, T)), torch.arange(T).view(1, -1)
+    x = torch.randn(1, T, drafter.config.hidden_size, dtype=torch.float64)
+    implicit, explicit = KVCache(), KVCache()
+    a = drafter.step(ids, x, pos, implicit)
+    b = drafter.step(ids, x, pos, explicit, causal_mask(T, 0, torch.float64, "cpu"))
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-10)
+    torch.testing.assert_close(a.next_hidden, b.next_hidden, rtol=0, atol=1e-10)
+    torch.testing.assert_close(implicit.k, explicit.k, rtol=0, atol=0)
+    last = drafter.step(ids, x, pos, KVCache(), last_only=True)  # the proposer's prompt pass
+    assert last.logits.shape[1] == 1
+    torch.testing.assert_close(last.logits[:, 0], b.logits[:, -1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(last.next_hidden, b.next_hidden, rtol=0, atol=1e-10)
+    # negative control: no causality at all gives other outputs
+    c = drafter.step(ids, x, pos, KVCache(), torch.zeros(1, 1, T, T, dtype=torch.float64))
+    assert (c.logits - b.logits).abs().max() > 1e-3

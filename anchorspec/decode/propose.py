@@ -52,7 +52,7 @@ class EagleProposer:
         # The spec's shift: the feature of position t is paired with token t+1.
         ids = tokens[start + 1: start + 1 + m].view(1, -1)
         pos = torch.arange(start, start + m).view(1, -1)
-        out = self.drafter.step(ids, self.drafter.project_features(aux).unsqueeze(0), pos, self.cache)
+        out = self.drafter.step(ids, self.drafter.project_features(aux).unsqueeze(0), pos, self.cache, last_only=True)
         self.logits, self.hidden = out.logits[0, -1], out.next_hidden[0, -1]
         self.root = int(tokens[-1])
 

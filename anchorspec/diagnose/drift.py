@@ -44,14 +44,14 @@ class _Probe:
     def __getattr__(self, name):
         return getattr(self._drafter, name)
 
-    def step(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False):
+    def step(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False, last_only=False):
         if not self.on:
-            return self._drafter.step(token_ids, x_in, position_ids, cache, mask, want_attn)
+            return self._drafter.step(token_ids, x_in, position_ids, cache, mask, want_attn, last_only)
         raw = []
         # DraftStep carries norm(h) for 3.1; the raw h is only visible as the layer's output.
         hook = self._drafter.midlayer.register_forward_hook(lambda _m, _args, out: raw.append(out[0]))
         try:
-            out = self._drafter.step(token_ids, x_in, position_ids, cache, mask, want_attn=True)
+            out = self._drafter.step(token_ids, x_in, position_ids, cache, mask, want_attn=True, last_only=last_only)
         finally:
             hook.remove()
         self.rows.append(_Row(out.attn_probs[0, :, -1].float(), out.next_hidden[0, -1], raw[0][0, -1]))

@@ -204,7 +204,9 @@ class DrafterAttention(nn.Module):
             probs = scores.softmax(-1)
             out = probs.to(v_all.dtype) @ v_all
         else:
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=groups > 1)
+            causal = isinstance(mask, str)  # CAUSAL: no past, so SDPA's own causal mask is the right one
+            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=None if causal else mask,
+                                                 is_causal=causal, enable_gqa=groups > 1)
         out = out.transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out), probs
 
@@ -311,22 +313,30 @@ class Eagle3Drafter(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
 
-    def step(self, token_ids, x_in, position_ids, cache: KVCache, mask=None, want_attn=False) -> DraftStep:
+    def step(self, token_ids, x_in, position_ids, cache: KVCache, mask=None, want_attn=False,
+             last_only: bool = False) -> DraftStep:
         """One drafter pass over T positions. token_ids/position_ids [B,T]; x_in [B,T,H].
 
         `mask` is an additive [B or 1, 1, T, cache.length + T] mask, or None for causal over the cache.
+        `last_only`: logits for the last position only (a prompt pass needs no more; at 8k positions
+        the full [T, draft vocab] logits alone are hundreds of MB).
         """
         if self.embed_weight is None:
             raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
         dtype = self.fc.weight.dtype
         emb = F.embedding(token_ids, self.embed_weight).to(dtype)
         if mask is None and token_ids.shape[1] > 1:
-            mask = causal_mask(token_ids.shape[1], cache.length, dtype, emb.device)
+            # a first pass over a whole prompt needs no [T, T] mask tensor (8k tokens: ~200 MB)
+            first = cache.length == 0 and not want_attn
+            mask = CAUSAL if first else causal_mask(token_ids.shape[1], cache.length, dtype, emb.device)
         cos, sin = self.rope(position_ids, dtype)
         h, probs = self.midlayer(emb, x_in.to(dtype), cos, sin, cache, mask, want_attn)
         normed = self.norm(h)
-        logits = self.lm_head(normed).float()
+        logits = self.lm_head(normed[:, -1:] if last_only else normed).float()
         return DraftStep(logits=logits, next_hidden=normed if self.config.norm_output else h, attn_probs=probs)
+
+
+CAUSAL = "causal"  # `mask` value for a pass with an empty cache: SDPA applies the causal mask itself
 
 
 def causal_mask(T: int, past: int, dtype, device) -> torch.Tensor:
