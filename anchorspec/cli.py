@@ -23,11 +23,19 @@ def _tree_arg(text: str):
         raise argparse.ArgumentTypeError(f"expects TOP_K,DEPTH,TOTAL ({exc})") from None
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects comma-separated integers, got {text!r}") from None
+def _list_of(kind, what: str):
+    """An argparse type for comma-separated values of `kind`."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects comma-separated {what}, got {text!r}") from None
+
+    return parse
+
+
+_int_list = _list_of(int, "integers")
+_float_list = _list_of(float, "numbers")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -244,13 +252,6 @@ def cmd_drift(args) -> int:
                       **{name: {"samples": r["num_samples"], "mean_accepted": r["mean_accepted"]}
                          for name, r in results.items()}}))
     return 0
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects comma-separated numbers, got {text!r}") from None
 
 
 def cmd_bench(args) -> int:

@@ -120,3 +120,10 @@ def test_tune_cli_then_generate_uses_the_shape(tmp_path, monkeypatch, capsys):
     assert cli.main(["generate", *common, "--prompt", "w1 w2", "--chat", "--max-new-tokens", "4"]) == 0
     assert f"[draft shape {best.top_k},{best.depth},{best.total_tokens}: tuned" in capsys.readouterr().err
     assert cli.main(["tune", *common[:2], "--drafter", str(tmp_path / "none")]) == 2
+
+
+def test_capped_shape():
+    assert TreeShape(4, 4, 16).capped(2) == TreeShape(4, 2, 16)
+    assert TreeShape(4, 4, 16).capped(9) == TreeShape(4, 4, 16)
+    assert TreeShape.chain(5).capped(3) == TreeShape.chain(3)
+    assert TreeShape.chain(5).capped(0) is None

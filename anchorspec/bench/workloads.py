@@ -14,11 +14,11 @@ A Prompt is data only; `encode` turns it (plus the answers of earlier turns) int
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.chat import prompt_ids
+from ..data.readers import jsonl_rows
 from ..errors import AnchorspecError
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -75,8 +75,8 @@ def _questions(data_dir: Path, subset: str) -> list[dict]:
     if not path.is_file():
         raise AnchorspecError(f"{path} does not exist "
                               "(pass --data-dir: the folder holding eagle_eval/ and long_context/)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if isinstance(r.get("turns"), list) and r["turns"]]
+    rows = [row for _, row in jsonl_rows(path)]
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("turns"), list) and r["turns"]]
 
 
 def _essay_text(data_dir: Path) -> list[str]:

@@ -104,16 +104,6 @@ def _verify(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, gen) 
     return verify_tree_sampling(tree, probs, gen)
 
 
-def _shape_for(shape: TreeShape, remaining: int) -> TreeShape | None:
-    """Never draft deeper than the tokens still allowed (the bonus token takes one)."""
-    depth = min(shape.depth, remaining - 1)
-    if depth < 1:
-        return None
-    if depth == shape.depth:
-        return shape
-    return TreeShape.chain(depth) if shape.is_chain else TreeShape(shape.top_k, depth, shape.total_tokens)
-
-
 @dataclass
 class StepReport:
     """What one step did: the tokens it emitted and, for a verified draft, how much was accepted."""
@@ -286,7 +276,8 @@ class SpeculativeDecoding(_Decoding):
             raise AnchorspecError("prefill first: the first step() runs the prompt")
         t = time.perf_counter()
         shape = self.policy.shape() if self.policy else self.shape
-        step_shape = _shape_for(shape, self.out.remaining) if speculate else None
+        # never draft deeper than the tokens still allowed (the bonus token takes one)
+        step_shape = shape.capped(self.out.remaining - 1) if speculate else None
         if step_shape is None:  # nothing to draft (no room, or speculation is off): verify the root alone
             return self._begin(DraftTree(self.sequence[-1:].clone(), [-1]), t)
         self.proposer.update(self.sequence, self.aux)

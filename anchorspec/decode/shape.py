@@ -89,9 +89,7 @@ def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prom
     pos, fed = prompt_len, 0  # pos: index of the pending (root) token; fed: features given to the proposer
     while pos < sequence.numel() - 2:  # as in generation, the last token comes from a plain step
         answer = sequence[pos + 1:].tolist()
-        depth = min(shape.depth, len(answer) - 1)  # the engine never drafts into the bonus token's slot
-        step = shape if depth == shape.depth else (
-            TreeShape.chain(depth) if shape.is_chain else TreeShape(shape.top_k, depth, shape.total_tokens))
+        step = shape.capped(len(answer) - 1)  # as the engine: never draft into the bonus token's slot
         t0 = time.perf_counter()
         proposer.update(sequence[:pos + 1], aux[fed:pos])
         tree = proposer.propose(step, GREEDY, None)

@@ -44,6 +44,15 @@ class TreeShape:
     def chain(cls, k: int) -> "TreeShape":
         return cls(top_k=1, depth=k, total_tokens=k + 1)
 
+    def capped(self, depth: int) -> "TreeShape | None":
+        """This shape with at most `depth` levels (None if depth < 1); a cut tree keeps its top_k and
+        node budget, a cut chain stays a chain."""
+        if depth < 1:
+            return None
+        if depth >= self.depth:
+            return self
+        return TreeShape.chain(depth) if self.is_chain else TreeShape(self.top_k, depth, self.total_tokens)
+
     @property
     def is_chain(self) -> bool:
         return self.top_k == 1
