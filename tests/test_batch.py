@@ -69,6 +69,7 @@ def run_batched(decoder, decs, start=3, pattern=lambda r: True, every_round=None
         live = [d for d in live if not d.finished]
         rnd += 1
     assert not decoder.kv.slots  # every finished sequence gave its slot back
+    assert all(not kv.slots for kv in decoder.draft_kv.values())  # and its drafter slot
     return [d.result() for d in decs]
 
 

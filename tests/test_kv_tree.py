@@ -11,6 +11,7 @@ import torch
 
 from anchorspec.api import attach_drafter
 from anchorspec.decode.kv import commit_path
+from anchorspec.decode.drafting import run_program
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape, tree_attention_mask, tree_position_ids
@@ -115,6 +116,6 @@ def test_tree_drafting_matches_chain_drafting_on_the_top_branch():
     """With top_k=1 the dynamic tree must reproduce greedy chain drafting exactly (same masks, positions)."""
     proposer = _primed_proposer()
     chain = proposer.propose(TreeShape.chain(5), SamplingParams(), None)
-    tree = proposer._tree(TreeShape(1, 5, 6))
+    tree = run_program(proposer._tree(TreeShape(1, 5, 6)))  # the tree path, forced
     assert tree.tokens.tolist() == chain.tokens.tolist()
     assert tree.parents == chain.parents

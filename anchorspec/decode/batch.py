@@ -49,6 +49,12 @@ class KVSlot:
     def release(self) -> None:
         self.kv.release(self)
 
+    def crop(self, length: int) -> None:
+        """Roll back to `length` committed rows (rows past it become scratch)."""
+        if not 0 <= length <= self.length:
+            raise AnchorspecError(f"crop to {length} rows, but the slot holds {self.length}")
+        self.length = length
+
 
 def _grown(size: int, needed: int) -> int:
     size = max(size, 1)
@@ -90,20 +96,24 @@ class BatchKV:
         if not self.accepts(cache):
             raise AnchorspecError("BatchKV.attach needs a filled full-attention DynamicCache "
                                   "(no sliding-window layers)")
-        layers = list(cache.layers)
-        length = layers[0].keys.shape[2]
+        return self.attach_rows([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
+
+    @torch.inference_mode()
+    def attach_rows(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> KVSlot:
+        """Copy per-layer keys and values [1, kv_heads, length, head_dim] (length may be 0) into a new slot."""
+        length = keys[0].shape[2]
         if not self.keys:
-            self.keys = [self._empty(layer.keys, self._min_slots, max(self._min_capacity, length)) for layer in layers]
-            self.values = [self._empty(layer.values, self._min_slots, self.capacity) for layer in layers]
-        elif (len(layers) != len(self.keys) or layers[0].keys.shape[1::2] != self.keys[0].shape[1::2]
-              or layers[0].keys.dtype != self.keys[0].dtype):
+            self.keys = [self._empty(k, self._min_slots, max(self._min_capacity, length)) for k in keys]
+            self.values = [self._empty(v, self._min_slots, self.capacity) for v in values]
+        elif (len(keys) != len(self.keys) or keys[0].shape[1::2] != self.keys[0].shape[1::2]
+              or keys[0].dtype != self.keys[0].dtype):
             raise AnchorspecError("BatchKV.attach: this cache does not have the shape of the ones already attached")
         self.reserve(len(self.slots) + 1, length)
         slot = KVSlot(self, len(self.slots), length)
-        for buf, layer in zip(self.keys, layers):
-            buf[slot.index, :, :length] = layer.keys[0]
-        for buf, layer in zip(self.values, layers):
-            buf[slot.index, :, :length] = layer.values[0]
+        for buf, k in zip(self.keys, keys):
+            buf[slot.index, :, :length] = k[0]
+        for buf, v in zip(self.values, values):
+            buf[slot.index, :, :length] = v[0]
         self.slots.append(slot)
         return slot
 
@@ -173,21 +183,30 @@ def batch_position_ids(trees: list[DraftTree], past_lens: list[int], width: int)
     return pos
 
 
-def batch_allowed(trees: list[DraftTree], past_lens: list[int], width: int, kv_len: int) -> torch.Tensor:
-    """[B, width, kv_len] bool: row b's query j may attend key k (see the module docstring)."""
-    allowed = torch.zeros(len(trees), width, kv_len, dtype=torch.bool)
-    for b, (tree, past) in enumerate(zip(trees, past_lens)):
-        n = tree.size
-        allowed[b, :n, :past] = True
-        allowed[b, :n, past:past + n] = tree.ancestors()
+def padded_allowed(blocks: list[torch.Tensor], past_lens: list[int], width: int, kv_len: int) -> torch.Tensor:
+    """[B, width, kv_len] bool from per-row blocks: blocks[b] is [n_b, w_b] over the row's last w_b
+    keys (its newest past rows and its n_b new ones); every earlier key is visible to all its real
+    queries. Padding queries see only themselves (finite outputs that nobody reads)."""
+    allowed = torch.zeros(len(blocks), width, kv_len, dtype=torch.bool)
+    for b, (block, past) in enumerate(zip(blocks, past_lens)):
+        n, w = block.shape
+        end = past + n
+        allowed[b, :n, :end - w] = True
+        allowed[b, :n, end - w:end] = block
         pad = torch.arange(n, width)
-        allowed[b, pad, past + pad] = True  # padding queries: themselves only
+        allowed[b, pad, past + pad] = True
     return allowed
 
 
+def batch_allowed(trees: list[DraftTree], past_lens: list[int], width: int, kv_len: int) -> torch.Tensor:
+    """[B, width, kv_len] bool: row b's query j may attend key k (see the module docstring)."""
+    return padded_allowed([tree.ancestors() for tree in trees], past_lens, width, kv_len)
+
+
 class _ForwardCache:
-    """What the HF model sees as `past_key_values` for one batched forward: `update` writes row b's
-    new keys/values at its slot's rows length_b + j and returns rows [0, kv_len) of every slot."""
+    """The cache a model sees in one batched forward: HF's `past_key_values` (`update`) or the
+    drafter's (`append`, one layer). Writes row b's new keys/values at its slot's rows length_b + j
+    and returns rows [0, kv_len) of every slot."""
 
     def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int):
         self.kv, self.kv_len, self.batch = kv, kv_len, len(indices)
@@ -197,6 +216,13 @@ class _ForwardCache:
         self.rows = self.index[:, None]
         past = torch.tensor(past_lens, dtype=torch.long, device=device)
         self.cols = past[:, None] + torch.arange(width, device=device)
+
+    @property
+    def length(self) -> int:  # the drafter reads it only to build a default mask; batched passes pass one
+        raise AnchorspecError("a batched forward needs an explicit mask")
+
+    def append(self, key_states, value_states):  # the drafter's cache interface (one layer)
+        return self.update(key_states, value_states, 0)
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
         out = []

@@ -27,6 +27,7 @@ from ..metrics import GenerationStats
 from ..models.target import Target
 from .adaptive import AdaptiveDepth
 from .batch import KVSlot
+from .drafting import Program, finished, run_program
 from .kv import commit_path
 from .propose import Proposer
 from .sampling import SamplingParams, pick_token, probs_from_logits
@@ -185,6 +186,14 @@ class _Decoding:
     def prepare(self, *args, **kwargs) -> DraftTree:
         raise NotImplementedError
 
+    def draft(self, *args, **kwargs) -> Program:
+        """`prepare` as a program of drafter passes (decode/drafting.py)."""
+        raise NotImplementedError
+
+    def slots(self) -> list[KVSlot]:
+        """The batch cache slots this sequence holds (to release when it ends)."""
+        return [self.cache] if self.batched else []
+
     def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
         raise NotImplementedError
 
@@ -225,6 +234,9 @@ class PlainDecoding(_Decoding):
         self.committed = self.ids.numel()
         token = pick_token(logits, self.cfg.sampling, self.gen)
         return StepReport(self._emit([token]), "prefill", verify_s=time.perf_counter() - t)
+
+    def draft(self) -> Program:
+        return finished(self.prepare())
 
     def prepare(self) -> DraftTree:
         """The pending token alone, at the next position."""
@@ -271,6 +283,11 @@ class SpeculativeDecoding(_Decoding):
     @torch.inference_mode()
     def prepare(self, speculate: bool = True) -> DraftTree:
         """Draft (unless `speculate` is off or no room is left): the tree the target must verify."""
+        return run_program(self.draft(speculate))
+
+    def draft(self, speculate: bool = True) -> Program:
+        """`prepare` as a program of drafter passes (decode/drafting.py), so that a BatchDecoder can
+        run the passes of many sequences together. Its driver runs it under inference_mode."""
         self._check_step()
         if not self.started:
             raise AnchorspecError("prefill first: the first step() runs the prompt")
@@ -280,9 +297,19 @@ class SpeculativeDecoding(_Decoding):
         step_shape = shape.capped(self.out.remaining - 1) if speculate else None
         if step_shape is None:  # nothing to draft (no room, or speculation is off): verify the root alone
             return self._begin(DraftTree(self.sequence[-1:].clone(), [-1]), t)
-        self.proposer.update(self.sequence, self.aux)
-        self.aux = None
-        return self._begin(self.proposer.propose(step_shape, self.cfg.sampling, self.gen), t)
+        if hasattr(self.proposer, "propose_passes"):
+            yield from self.proposer.update_passes(self.sequence, self.aux)
+            self.aux = None
+            tree = yield from self.proposer.propose_passes(step_shape, self.cfg.sampling, self.gen)
+        else:  # a proposer without passes drafts in one go
+            self.proposer.update(self.sequence, self.aux)
+            self.aux = None
+            tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
+        return self._begin(tree, t)
+
+    def slots(self) -> list[KVSlot]:
+        proposer_cache = getattr(self.proposer, "cache", None)
+        return super().slots() + ([proposer_cache] if isinstance(proposer_cache, KVSlot) else [])
 
     def _solo_forward(self, tree: DraftTree):
         return self.target.forward(tree.tokens, tree_position_ids(tree, self.committed), self.cache,

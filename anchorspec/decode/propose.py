@@ -6,6 +6,9 @@ The contract (like HF's candidate generators, in tree form):
                                         token the target has not seen; `aux` = target features of the
                                         positions committed since the last update
   propose(shape, params, generator)     a DraftTree rooted at the pending token
+A proposer that can draft in lockstep with other sequences also has `update_passes` and
+`propose_passes`: the same two as programs of drafter passes (decode/drafting.py), and
+`use_slot` / `cache_rows` to move its drafter cache into a shared batch cache.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from typing import Protocol
 
 import torch
 
-from ..models.drafter import Eagle3Drafter, KVCache, additive_mask
+from ..models.drafter import Eagle3Drafter, KVCache
+from .batch import KVSlot
+from .drafting import DraftPass, Program, run_program
 from .sampling import SamplingParams, probs_from_logits, sample
-from .tree import DraftTree, TreeShape, build_dynamic_tree
+from .tree import DraftTree, TreeShape, dynamic_tree
 
 
 class Proposer(Protocol):
@@ -29,7 +34,7 @@ class Proposer(Protocol):
 
 class EagleProposer:
     """EAGLE-3/3.1 drafting: real-feature positions stay in the drafter's KV cache; speculative
-    entries are appended while drafting and cropped away afterwards."""
+    entries are appended while drafting and dropped afterwards."""
 
     def __init__(self, drafter: Eagle3Drafter):
         self.drafter = drafter
@@ -38,34 +43,57 @@ class EagleProposer:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = KVCache()
+        self.cache: KVCache | KVSlot = KVCache()  # committed rows only, between drafts
         self.logits: torch.Tensor | None = None  # drafter logits after the last real position
         self.hidden: torch.Tensor | None = None  # its next_hidden: x_in for the first draft level
         self.root: int | None = None
 
-    @torch.inference_mode()
+    # --- batch 1 --------------------------------------------------------------------------------
     def update(self, tokens: torch.Tensor, aux: torch.Tensor | None) -> None:
+        run_program(self.update_passes(tokens, aux))
+
+    def propose(self, shape: TreeShape, params: SamplingParams, generator: torch.Generator | None) -> DraftTree:
+        return run_program(self.propose_passes(shape, params, generator))
+
+    # --- in a batch -----------------------------------------------------------------------------
+    def cache_rows(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The committed drafter rows as one layer's ([keys], [values]) [1, kv_heads, rows, head_dim]."""
+        if isinstance(self.cache, KVSlot):
+            raise ValueError("the drafter cache is already in a batch slot")
+        if self.cache.k is None:
+            c = self.drafter.config
+            empty = torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, dtype=self.drafter.fc.weight.dtype)
+            return [empty], [empty]
+        return [self.cache.k], [self.cache.v]
+
+    def use_slot(self, slot: KVSlot) -> None:
+        """Continue on `slot`, which holds a copy of cache_rows() (BatchKV.attach_rows)."""
+        if slot.length != self.cache.length:
+            raise ValueError(f"slot holds {slot.length} drafter rows, the proposer has {self.cache.length}")
+        self.cache = slot
+
+    # --- the programs ---------------------------------------------------------------------------
+    def update_passes(self, tokens: torch.Tensor, aux: torch.Tensor) -> Program:
         start = self.cache.length
         m = aux.shape[0]
         if start + m != tokens.numel() - 1:
             raise ValueError(f"proposer has {start} positions, got {m} new features for {tokens.numel()} tokens")
         # The spec's shift: the feature of position t is paired with token t+1.
-        ids = tokens[start + 1: start + 1 + m].view(1, -1)
-        pos = torch.arange(start, start + m).view(1, -1)
-        out = self.drafter.step(ids, self.drafter.project_features(aux).unsqueeze(0), pos, self.cache, last_only=True)
-        self.logits, self.hidden = out.logits[0, -1], out.next_hidden[0, -1]
+        out = yield DraftPass(self.drafter, self.cache, start, tokens[start + 1: start + 1 + m].clone(),
+                              torch.arange(start, start + m), aux=aux)
+        self.logits, self.hidden = out.logits[0], out.hidden[0]
         self.root = int(tokens[-1])
 
-    @torch.inference_mode()
-    def propose(self, shape: TreeShape, params: SamplingParams, generator: torch.Generator | None) -> DraftTree:
-        if shape.is_chain:
-            return self._chain(shape.depth, params, generator)
-        return self._tree(shape)
+    def propose_passes(self, shape: TreeShape, params: SamplingParams, generator: torch.Generator | None) -> Program:
+        committed = self.cache.length
+        tree = yield from (self._chain(shape.depth, params, generator) if shape.is_chain else self._tree(shape))
+        self.cache.crop(committed)  # drop the speculative rows
+        return tree
 
-    def _chain(self, k: int, params: SamplingParams, generator) -> DraftTree:
+    def _chain(self, k: int, params: SamplingParams, generator) -> Program:
         """Greedy: argmax drafts. Sampling: draws from the drafter's distribution q (kept for
-        rejection sampling). A single query row attends to the whole cache, which for a chain is
-        exactly the context plus its own ancestors, so no mask is needed."""
+        rejection sampling). A single query row attends to everything before it, which for a chain
+        is exactly the context plus its own ancestors, so no mask is needed."""
         n = self.cache.length
         logits, x = self.logits, self.hidden
         tokens, qs = [self.root], []
@@ -78,43 +106,40 @@ class EagleProposer:
                 qs.append(torch.zeros(self.vocab_size, dtype=q.dtype).index_copy_(0, self.draft_to_target, q))
             tokens.append(int(self.draft_to_target[draft_id]))
             if d < k:
-                out = self.drafter.step(torch.tensor([[tokens[-1]]]), x.view(1, 1, -1),
-                                        torch.tensor([[n + d - 1]]), self.cache)
-                logits, x = out.logits[0, -1], out.next_hidden[0, -1]
-        self.cache.crop(n)
+                out = yield DraftPass(self.drafter, self.cache, n + d - 1, torch.tensor([tokens[-1]]),
+                                      torch.tensor([n + d - 1]), x_in=x.view(1, -1))
+                logits, x = out.logits[0], out.hidden[0]
         probs = torch.stack([torch.zeros_like(qs[0])] + qs) if qs else None
         return DraftTree(torch.tensor(tokens), list(range(-1, k)), draft_probs=probs)
 
-    def _tree(self, shape: TreeShape) -> DraftTree:
+    def _tree(self, shape: TreeShape) -> Program:
         n = self.cache.length
         k = shape.top_k
-        slot: dict[int, int] = {}  # candidate id -> its row in the drafter cache
-        ancestry: dict[int, list[int]] = {-1: []}  # candidate id -> cache rows of itself and ancestors
+        written = 0  # speculative rows in the cache after the n committed ones
+        ancestry: dict[int, list[int]] = {-1: []}  # candidate id -> speculative rows of itself and ancestors
         out_hidden: dict[int, torch.Tensor] = {-1: self.hidden}
         depth: dict[int, int] = {-1: 0}
-
-        def expand(nodes: list[int], toks: list[int], parents: list[int]):
-            base = self.cache.length
-            for i, (node, parent) in enumerate(zip(nodes, parents)):
-                slot[node] = base + i
-                ancestry[node] = ancestry[parent] + [base + i]
-                depth[node] = depth[parent] + 1
-            allowed = torch.zeros(len(nodes), base + len(nodes), dtype=torch.bool)
-            allowed[:, :n] = True
-            for i, node in enumerate(nodes):
-                allowed[i, ancestry[node]] = True
-            dtype = self.drafter.fc.weight.dtype
-            x_in = torch.stack([out_hidden[p] for p in parents]).unsqueeze(0)
-            # a node at depth d predicts the token at target position n + d + 1 from drafter position n + d - 1
-            pos = torch.tensor([[n + depth[node] - 1 for node in nodes]])
-            out = self.drafter.step(torch.tensor([toks]), x_in, pos, self.cache, additive_mask(allowed, dtype)[None, None])
-            for i, node in enumerate(nodes):
-                out_hidden[node] = out.next_hidden[0, i]
-            logp = torch.log_softmax(out.logits[0], dim=-1)
-            top = torch.topk(logp, k, dim=-1)
-            return self.draft_to_target[top.indices], top.values
-
         first = torch.topk(torch.log_softmax(self.logits, dim=-1), k)
-        tree = build_dynamic_tree(self.root, self.draft_to_target[first.indices], first.values, expand, shape)
-        self.cache.crop(n)
-        return tree
+        expansion = dynamic_tree(self.root, self.draft_to_target[first.indices], first.values, shape)
+        try:
+            request = next(expansion)
+            while True:
+                nodes, toks, parents = request
+                for i, (node, parent) in enumerate(zip(nodes, parents)):
+                    ancestry[node] = ancestry[parent] + [written + i]
+                    depth[node] = depth[parent] + 1
+                # each node sees the committed context, then its own ancestors among the speculative rows
+                block = torch.zeros(len(nodes), written + len(nodes), dtype=torch.bool)
+                for i, node in enumerate(nodes):
+                    block[i, ancestry[node]] = True
+                # a node at depth d predicts the token at target position n + d + 1 from drafter position n + d - 1
+                out = yield DraftPass(self.drafter, self.cache, n + written, torch.tensor(toks),
+                                      torch.tensor([n + depth[node] - 1 for node in nodes]),
+                                      x_in=torch.stack([out_hidden[p] for p in parents]), block=block)
+                written += len(nodes)
+                for i, node in enumerate(nodes):
+                    out_hidden[node] = out.hidden[i]
+                top = torch.topk(torch.log_softmax(out.logits, dim=-1), k, dim=-1)
+                request = expansion.send((self.draft_to_target[top.indices], top.values))
+        except StopIteration as stop:
+            return stop.value

@@ -1,24 +1,28 @@
-"""Rounds of batched decoding: every sequence advances one step, and the round's target work on
-already-started sequences is ONE forward.
+"""Rounds of batched decoding: every sequence advances one step; the round's drafting is one
+drafter forward per draft level and its verification ONE target forward, over all sequences.
 
 A round over step-able decodings (PlainDecoding / SpeculativeDecoding, decode/engine.py):
   1. a sequence that has not started prefills alone (batch 1, on its own DynamicCache), then moves
-     into a slot of the shared BatchKV; it joins the batched forward from the next round on (a
-     cache with sliding-window layers cannot move: that sequence keeps stepping alone, as before);
-  2. every other sequence prepares: it drafts (per sequence: drafting is not batched) or, for a
-     plain step, offers its pending token as a 1-node tree;
+     into a slot of the shared BatchKV (and its drafter cache into a slot of the drafter's); it
+     joins the batched forwards from the next round on (a cache with sliding-window layers cannot
+     move: that sequence keeps stepping alone, as before);
+  2. every other sequence drafts: its drafting program (decode/drafting.py) advances in lockstep
+     with the others', so the passes of one draft level (the context update, then each tree level
+     or chain step) of all sequences are one padded drafter forward; a plain step drafts nothing
+     and offers its pending token as a 1-node tree;
   3. one target forward over all prepared trees, padded (decode/batch.py);
   4. each sequence finishes on its own rows: verify, commit into its slot, emit, count.
 Per sequence the steps, random draws and commits are those of its solo run, so outputs equal the
 solo outputs (greedy exactly; seeded sampling too, up to float rounding of the batched forward).
 
-Failures stay with their sequence: an exception in one sequence's prepare or finish is that
-sequence's result and the others go on; if the batched forward itself raises, each row is re-run
-alone (a forward commits nothing, so re-running is safe) and only rows that fail alone fail.
+Failures stay with their sequence: an exception in one sequence's drafting or finish is that
+sequence's result and the others go on; if a batched forward itself raises, each row is re-run
+alone (it commits nothing before it succeeds, so re-running is safe) and only rows that fail alone
+fail.
 
-Timing in each StepReport: draft_s is the sequence's own drafting (what its speculation adds to
-the round); verify_s is the whole batched forward it rode in (what the round's verification costs
-every sequence in it). A plain row pays the same forward, so the drift monitor compares
+Timing in each StepReport: draft_s is the drafting the sequence rode in, from its first drafter
+pass to its last (forwards shared with the other drafting sequences); verify_s is the whole batched
+target forward it rode in. A plain row pays the same target forward, so the drift monitor compares
 speculative and plain step costs measured under the same load.
 """
 
@@ -29,7 +33,9 @@ from dataclasses import dataclass, field
 
 from ..models.target import Target
 from .batch import BatchKV, batch_forward
+from .drafting import run_lockstep
 from .engine import _Decoding
+from .tree import DraftTree
 
 
 @dataclass
@@ -41,6 +47,9 @@ class RoundResult:
     width: int = 0  # padded new tokens per row
     tokens: int = 0  # real new tokens in the batched forward
     forward_s: float = 0.0
+    draft_passes: int = 0  # lockstep drafter levels this round (each: one forward per drafter and cache)
+    draft_rows: int = 0  # most sequences in one of them
+    draft_s: float = 0.0  # wall time of the round's drafting
     isolated: list[int] = field(default_factory=list)  # rows re-run alone after the batched forward failed
 
 
@@ -50,31 +59,57 @@ class BatchDecoder:
     def __init__(self, target: Target, kv: BatchKV | None = None):
         self.target = target
         self.kv = kv or BatchKV()
+        self.draft_kv: dict[int, BatchKV] = {}  # id(drafter) -> the drafter caches of its sequences
 
     def round(self, items: list[tuple[_Decoding, bool | None]]) -> RoundResult:
         """`items`: (decoding, speculate) with speculate None for a PlainDecoding. Finished
         decodings must not be passed; a decoding that fails is released here."""
         reports: list = [None] * len(items)
         result = RoundResult(reports)
-        prepared = []  # (item index, tree)
+        programs = []  # (item index, drafting program)
         for i, (dec, speculate) in enumerate(items):
             try:
                 if not dec.started:
                     reports[i] = dec.step()
                     result.prefills += 1
                     if not dec.finished and BatchKV.accepts(dec.cache):
-                        dec.use_slot(self.kv.attach(dec.cache))
+                        self._attach(dec)
                 elif not dec.batched:  # its cache cannot join the batch: it keeps stepping alone
                     reports[i] = dec.step() if speculate is None else dec.step(speculate)
                     result.solo += 1
                 else:
-                    prepared.append((i, dec.prepare() if speculate is None else dec.prepare(speculate)))
+                    programs.append((i, dec.draft() if speculate is None else dec.draft(speculate)))
             except Exception as exc:  # noqa: BLE001 - reported to that sequence only
                 reports[i] = exc
                 self.release(dec)
+        prepared = self._draft(items, programs, result)
         if prepared:
             self._forward(items, prepared, result)
         return result
+
+    def _attach(self, dec: _Decoding) -> None:
+        """Move a prefilled sequence's target cache, and its drafter cache if it drafts in passes,
+        into slots of the shared caches (one drafter BatchKV per drafter)."""
+        dec.use_slot(self.kv.attach(dec.cache))
+        proposer = getattr(dec, "proposer", None)
+        if hasattr(proposer, "use_slot"):
+            kv = self.draft_kv.setdefault(id(proposer.drafter), BatchKV())
+            proposer.use_slot(kv.attach_rows(*proposer.cache_rows()))
+
+    def _draft(self, items, programs, result: RoundResult) -> list[tuple[int, DraftTree]]:
+        """Run the drafting programs in lockstep; returns (item index, tree) of those that succeeded."""
+        t = time.perf_counter()
+        lockstep = run_lockstep([program for _, program in programs])
+        result.draft_s = time.perf_counter() - t
+        result.draft_passes, result.draft_rows = lockstep.levels, lockstep.widest
+        prepared = []
+        for (i, _), out in zip(programs, lockstep.results):
+            if isinstance(out, Exception):
+                result.reports[i] = out
+                self.release(items[i][0])
+            else:
+                prepared.append((i, out))
+        return prepared
 
     def _forward(self, items, prepared, result: RoundResult) -> None:
         slots = [items[i][0].cache for i, _ in prepared]
@@ -109,6 +144,7 @@ class BatchDecoder:
                     self.release(dec)
 
     def release(self, decoding: _Decoding) -> None:
-        """Free the decoding's slot (finished, cancelled or failed); a no-op if it has none."""
-        if decoding.batched and not decoding.cache.released:
-            decoding.cache.release()
+        """Free the decoding's slots (finished, cancelled or failed); a no-op if it has none."""
+        for slot in decoding.slots():
+            if not slot.released:
+                slot.release()

@@ -8,7 +8,7 @@ has parent i-1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
@@ -119,15 +119,18 @@ def tree_position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
     return torch.tensor(tree.depths, dtype=torch.long) + past_len
 
 
-# expand(nodes, tokens, parents) -> (child tokens [len(nodes), k], child logp [len(nodes), k]).
-# `nodes` are candidate ids (creation order), `tokens` their token ids, `parents` their parents'
-# candidate ids (-1 for the root). The proposer keeps whatever per-node state it needs by id.
+# An expansion request: (nodes, tokens, parents). `nodes` are candidate ids (creation order),
+# `tokens` their token ids, `parents` their parents' candidate ids (-1 for the root). The reply:
+# (child tokens [len(nodes), k], child log-probs [len(nodes), k]). The proposer keeps whatever
+# per-node state it needs by id.
+Expansion = tuple[list[int], list[int], list[int]]
 Expander = Callable[[list[int], list[int], list[int]], tuple[torch.Tensor, torch.Tensor]]
 
 
-def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor,
-                       expand: Expander, shape: TreeShape) -> DraftTree:
-    """EAGLE-2 dynamic tree (spec §6.1 step 2).
+def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor,
+                 shape: TreeShape) -> Generator[Expansion, tuple[torch.Tensor, torch.Tensor], DraftTree]:
+    """EAGLE-2 dynamic tree (spec §6.1 step 2), as a program: it yields one Expansion per level
+    after the first, receives the children, and returns the DraftTree.
 
     Level 1 is the top-k of the drafter's prediction after the root. Each further level expands
     the current frontier (top-k nodes by cumulative log-prob) into k children each; all candidates
@@ -141,7 +144,7 @@ def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: 
     parents = [-1] * len(tokens)  # -1 = root, indices otherwise refer to candidate list
     frontier = list(range(len(tokens)))
     for _level in range(2, shape.depth + 1):
-        child_tokens, child_logp = expand(frontier, [tokens[i] for i in frontier], [parents[i] for i in frontier])
+        child_tokens, child_logp = yield frontier, [tokens[i] for i in frontier], [parents[i] for i in frontier]
         base = torch.tensor([scores[i] for i in frontier], dtype=torch.float64)[:, None]
         cum = base + child_logp.to(torch.float64)
         start = len(tokens)
@@ -160,3 +163,15 @@ def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: 
     tree_parents = [-1] + [0 if parents[c] == -1 else index[parents[c]] for c in kept]
     tree_tokens = torch.tensor([root_token] + [tokens[c] for c in kept], dtype=torch.long)
     return DraftTree(tokens=tree_tokens, parents=tree_parents)
+
+
+def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor,
+                       expand: Expander, shape: TreeShape) -> DraftTree:
+    """`dynamic_tree` with each expansion answered by a callback."""
+    program = dynamic_tree(root_token, first_tokens, first_logp, shape)
+    try:
+        request = next(program)
+        while True:
+            request = program.send(expand(*request))
+    except StopIteration as stop:
+        return stop.value

@@ -321,6 +321,14 @@ class Eagle3Drafter(nn.Module):
         `last_only`: logits for the last position only (a prompt pass needs no more; at 8k positions
         the full [T, draft vocab] logits alone are hundreds of MB).
         """
+        h, normed, probs = self.layer(token_ids, x_in, position_ids, cache, mask, want_attn)
+        return DraftStep(logits=self.head(normed[:, -1:] if last_only else normed),
+                         next_hidden=self.fed_back(h, normed), attn_probs=probs)
+
+    def layer(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False):
+        """The decoder layer of `step`: (h, norm(h), attention probs or None). `cache` is anything
+        with `append(k, v) -> (all keys, all values)` and `length`: a KVCache, or the view of a
+        batched drafter cache (decode/drafting.py) with an explicit mask."""
         if self.embed_weight is None:
             raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
         dtype = self.fc.weight.dtype
@@ -331,9 +339,15 @@ class Eagle3Drafter(nn.Module):
             mask = CAUSAL if first else causal_mask(token_ids.shape[1], cache.length, dtype, emb.device)
         cos, sin = self.rope(position_ids, dtype)
         h, probs = self.midlayer(emb, x_in.to(dtype), cos, sin, cache, mask, want_attn)
-        normed = self.norm(h)
-        logits = self.lm_head(normed[:, -1:] if last_only else normed).float()
-        return DraftStep(logits=logits, next_hidden=normed if self.config.norm_output else h, attn_probs=probs)
+        return h, self.norm(h), probs
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits (float32) of normed hidden states."""
+        return self.lm_head(normed).float()
+
+    def fed_back(self, h: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
+        """What the next speculative step receives as x_in: norm(h) in 3.1 (norm_output), h in 3."""
+        return normed if self.config.norm_output else h
 
 
 CAUSAL = "causal"  # `mask` value for a pass with an empty cache: SDPA applies the causal mask itself

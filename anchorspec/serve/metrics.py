@@ -58,6 +58,13 @@ class ServerMetrics:
                                            registry=r)
         self.batch_forward_seconds = Histogram("anchorspec_batch_forward_seconds", "Wall time of one batched forward",
                                                buckets=LATENCY_BUCKETS, registry=r)
+        self.draft_levels = Counter("anchorspec_draft_levels",
+                                    "Lockstep drafting levels (each: one drafter forward over all drafting sequences, "
+                                    "wide passes aside)", registry=r)
+        self.draft_rows = Histogram("anchorspec_draft_rows", "Sequences drafting together in a round",
+                                    buckets=ROW_BUCKETS, registry=r)
+        self.draft_seconds = Histogram("anchorspec_draft_seconds", "Wall time of a round's drafting",
+                                       buckets=LATENCY_BUCKETS, registry=r)
         for outcome in ("ok", "cancelled", "error"):  # export zeros, so rates work from the first scrape
             self.requests.labels(outcome)
         for direction in ("off", "on"):
@@ -75,7 +82,7 @@ class ServerMetrics:
                 self.accepted_per_position.labels(str(position)).inc()
 
     def observe_round(self, result) -> None:
-        """One scheduler round (decode/round.RoundResult): its prefills and its batched forward."""
+        """One scheduler round (decode/round.RoundResult): its prefills, its drafting and its batched forward."""
         self.target_forwards.labels("prefill").inc(result.prefills)
         self.target_forwards.labels("solo").inc(result.solo)
         if result.rows:
@@ -84,6 +91,10 @@ class ServerMetrics:
             self.batch_tokens.observe(result.tokens)
             self.batch_padded_tokens.inc(result.rows * result.width)
             self.batch_forward_seconds.observe(result.forward_s)
+        if result.draft_passes:
+            self.draft_levels.inc(result.draft_passes)
+            self.draft_rows.observe(result.draft_rows)
+            self.draft_seconds.observe(result.draft_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,21 +1,22 @@
 """The scheduler: one worker thread advances all active sequences together, one step per round.
 
 Each round: admit waiting requests (up to max_running), drop cancelled ones, then one
-BatchDecoder round (decode/round.py): a new sequence prefills alone and joins the batch; every
-other sequence drafts on its own (drafting is not batched) or, in plain mode (no drafter, or the
-drift monitor switched it off), offers its pending token; then ONE target forward verifies all of
-them (draft trees and 1-token plain rows, padded, each row with its own positions and tree mask
-over its own KV slot), and each sequence commits and emits its tokens. Per-sequence state (KV
-slot, its own proposer with the drafter's KV cache, its own random generator) lives in a
-SpeculativeDecoding / PlainDecoding object between rounds.
+BatchDecoder round (decode/round.py): a new sequence prefills alone and joins the batch; the other
+sequences draft together, one drafter forward per draft level over all of them (each on its own
+slot of the drafter's batch cache), or, in plain mode (no drafter, or the drift monitor switched it
+off), offer their pending token; then ONE target forward verifies all of them (draft trees and
+1-token plain rows, padded, each row with its own positions and tree mask over its own KV slot),
+and each sequence commits and emits its tokens. Per-sequence state (target and drafter KV slots,
+its own proposer, its own random generator) lives in a SpeculativeDecoding / PlainDecoding object
+between rounds.
 
 Results are what each request gets alone: greedy outputs token for token, seeded sampling the same
 draws (float rounding of the batched forward aside); the tests check both against solo runs.
 A failing sequence gets an error event and is dropped; the others go on.
 
-Drift monitor timings: draft_s is the sequence's own drafting, verify_s the whole batched forward
-it rode in (see decode/round.py), so speculative and plain step costs are both measured under the
-load they ran in.
+Drift monitor timings: draft_s is the batched drafting the sequence rode in, verify_s the whole
+batched target forward (see decode/round.py), so speculative and plain step costs are both
+measured under the load they ran in.
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.

@@ -1,0 +1,232 @@
+"""Drafter passes: drafting written once as a program, run alone or in lockstep with other sequences.
+
+A proposer drafts by yielding DraftPass requests (one drafter forward each) and receiving their
+PassOutput; the program returns its DraftTree. Who runs the passes decides batching:
+  - `run_program(program)` runs each pass at once on the sequence's own KVCache (batch 1);
+  - a BatchDecoder round (decode/round.py) advances every sequence's program together: the passes
+    of all sequences at the same level become ONE padded drafter forward (`run_passes`) over
+    their slots of a shared drafter BatchKV.
+
+Rows of a drafter cache: `committed` real rows (positions with target features), then, while a
+draft is being built, speculative rows (drafted tokens). A pass writes its n rows right after the
+`past` rows already there. A context pass (target features, `aux`) extends the committed rows; a
+draft pass (fed-back hidden states, `x_in`) writes speculative rows that the proposer drops
+when the draft is done (KVCache.crop; in a slot they are scratch past its length).
+
+Attention of a pass: `block` [n, w] over the last w keys (the newest past rows and the n new
+ones); every earlier key is visible. None = causal (a context pass, or a chain step: one query
+that sees everything before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator
+
+import torch
+
+from ..errors import AnchorspecError
+from ..models.drafter import CAUSAL, Eagle3Drafter, KVCache, additive_mask
+from .batch import KVSlot, _ForwardCache, padded_allowed
+
+WIDE = 32  # a pass with more new tokens (a prompt, a long plain stretch) runs alone: no one pads to it
+
+
+@dataclass
+class DraftPass:
+    drafter: Eagle3Drafter
+    cache: KVCache | KVSlot
+    past: int  # rows already in the cache (committed + speculative so far)
+    tokens: torch.Tensor  # [n] target token ids
+    positions: torch.Tensor  # [n]
+    aux: torch.Tensor | None = None  # [n, n_aux * Ht] target features: a context pass
+    x_in: torch.Tensor | None = None  # [n, H] fed-back hidden states: a draft pass
+    block: torch.Tensor | None = None  # [n, w] bool, see the module docstring; None = causal
+
+    def __post_init__(self):
+        if (self.aux is None) == (self.x_in is None):
+            raise AnchorspecError("a drafter pass takes target features (context) or fed-back hidden states (draft)")
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def is_context(self) -> bool:
+        """Context rows stay in the cache; only the last row's outputs are returned."""
+        return self.aux is not None
+
+    def allowed_block(self) -> torch.Tensor:
+        n = self.size
+        return self.block if self.block is not None else torch.ones(n, n, dtype=torch.bool).tril()
+
+
+@dataclass
+class PassOutput:
+    logits: torch.Tensor  # [m, draft vocab] float32; m = 1 for a context pass (its last row), else n
+    hidden: torch.Tensor  # [m, H] the fed-back hidden state of the same rows
+
+
+Program = Generator[DraftPass, PassOutput, object]
+
+
+def finished(value):
+    """A program that needs no drafter pass and returns `value` (a plain step, an unbatched proposer)."""
+    return value
+    yield  # noqa: unreachable - makes this a generator
+
+
+@torch.inference_mode()
+def run_program(program: Program):
+    """Run a program's passes one by one, batch 1; returns its result. (Programs hold no
+    inference_mode of their own: a context manager open across a yield would leak into the
+    caller's code between passes. Their drivers run them under it.)"""
+    try:
+        request = next(program)
+        while True:
+            out = run_passes([request])[0]
+            if isinstance(out, Exception):
+                raise out
+            request = program.send(out)
+    except StopIteration as stop:
+        return stop.value
+
+
+@dataclass
+class Lockstep:
+    results: list  # per program: what it returned, or the exception that ended it
+    levels: int  # calls of run_passes
+    widest: int  # most passes in one call
+
+
+@torch.inference_mode()
+def run_lockstep(programs: list[Program]) -> Lockstep:
+    """Advance all programs together: each call of run_passes takes the next pass of every program
+    still running (one padded drafter forward per drafter), until all have returned."""
+    results: list = [None] * len(programs)
+    waiting: dict[int, DraftPass] = {}
+    levels = widest = 0
+
+    def advance(i: int, out: PassOutput | None) -> None:
+        try:
+            waiting[i] = programs[i].send(out)
+        except StopIteration as stop:
+            results[i] = stop.value
+        except Exception as exc:  # noqa: BLE001 - that program's result
+            results[i] = exc
+
+    for i in range(len(programs)):
+        advance(i, None)
+    while waiting:
+        level, waiting = list(waiting.items()), {}
+        outs = run_passes([request for _, request in level])
+        levels, widest = levels + 1, max(widest, len(level))
+        for (i, _), out in zip(level, outs):
+            if isinstance(out, Exception):
+                programs[i].close()
+                results[i] = out
+            else:
+                advance(i, out)
+    return Lockstep(results, levels, widest)
+
+
+@torch.inference_mode()
+def run_passes(passes: list[DraftPass]) -> list[PassOutput | Exception]:
+    """Run passes of different sequences; outputs in order. Passes on slots of one BatchKV with the
+    same drafter share one padded forward (wide passes run alone); KVCache passes run alone. A pass
+    that fails alone gets its exception; a failed shared forward is retried pass by pass."""
+    shared: dict[tuple[int, int], list[int]] = {}
+    groups: list[list[int]] = []
+    for i, p in enumerate(passes):
+        if isinstance(p.cache, KVSlot) and p.size <= WIDE:
+            shared.setdefault((id(p.drafter), id(p.cache.kv)), []).append(i)
+        else:
+            groups.append([i])
+    groups += shared.values()
+    outs: list = [None] * len(passes)
+    for members in groups:
+        try:
+            for i, out in zip(members, _forward([passes[i] for i in members])):
+                outs[i] = out
+        except Exception as exc:  # noqa: BLE001 - reported to that sequence, or isolated below
+            if len(members) == 1:
+                outs[members[0]] = exc
+                continue
+            for i in members:
+                try:
+                    outs[i] = _forward([passes[i]])[0]
+                except Exception as exc:  # noqa: BLE001
+                    outs[i] = exc
+    return outs
+
+
+def _forward(passes: list[DraftPass]) -> list[PassOutput]:
+    if isinstance(passes[0].cache, KVSlot):
+        return _slot_forward(passes)
+    (p,) = passes
+    return [_cache_forward(p)]
+
+
+def _cache_forward(p: DraftPass) -> PassOutput:
+    """Batch 1 on the sequence's own KVCache (drafter.step: also what the drift probe watches)."""
+    if p.cache.length != p.past:
+        raise AnchorspecError(f"drafter pass after {p.past} rows, but the cache holds {p.cache.length}")
+    drafter = p.drafter
+    mask = None
+    if p.block is not None:
+        n, w = p.block.shape
+        allowed = torch.cat([torch.ones(n, p.past + n - w, dtype=torch.bool), p.block], dim=1)
+        mask = additive_mask(allowed, drafter.fc.weight.dtype)[None, None]
+    x = drafter.project_features(p.aux) if p.is_context else p.x_in
+    out = drafter.step(p.tokens[None], x[None], p.positions[None], p.cache, mask, last_only=p.is_context)
+    if p.is_context:
+        return PassOutput(out.logits[0, -1:], out.next_hidden[0, -1:])
+    return PassOutput(out.logits[0], out.next_hidden[0])
+
+
+def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
+    """One padded drafter forward over passes on slots of one BatchKV (the layout of decode/batch.py:
+    row b's new tokens at its rows past_b + j, per-row positions, mask from the blocks)."""
+    drafter = passes[0].drafter
+    kv = passes[0].cache.kv
+    for p in passes:
+        kv._check(p.cache)
+        if p.past < p.cache.length:
+            raise AnchorspecError(f"drafter pass after {p.past} rows, but the slot holds {p.cache.length} committed")
+    past = [p.past for p in passes]
+    width = max(p.size for p in passes)
+    kv_len = max(past) + width
+    kv.reserve(len(kv.slots), kv_len)
+    dtype, hidden = drafter.fc.weight.dtype, drafter.config.hidden_size
+    B = len(passes)
+    ids = torch.zeros(B, width, dtype=torch.long)
+    pos = torch.tensor(past, dtype=torch.long)[:, None].repeat(1, width)
+    x = torch.zeros(B, width, hidden, dtype=dtype)
+    context = [b for b, p in enumerate(passes) if p.is_context]
+    if context:  # one fc over every context pass's features
+        projected = drafter.project_features(torch.cat([passes[b].aux for b in context])).split(
+            [passes[b].size for b in context])
+        for b, feats in zip(context, projected):
+            x[b, :feats.shape[0]] = feats
+    for b, p in enumerate(passes):
+        ids[b, :p.size], pos[b, :p.size] = p.tokens, p.positions
+        if not p.is_context:
+            x[b, :p.size] = p.x_in
+    cache = _ForwardCache(kv, [p.cache.index for p in passes], past, width, kv_len)
+    if B == 1 and past[0] == 0 and passes[0].block is None:
+        mask = CAUSAL  # a first pass over a prompt: SDPA's own causal mask, no [T, T] tensor
+    else:
+        allowed = padded_allowed([p.allowed_block() for p in passes], past, width, kv_len)
+        mask = additive_mask(allowed, dtype)[:, None]
+    h, normed, _ = drafter.layer(ids, x, pos, cache, mask)
+    # outputs only where someone reads them: a context pass's last row, every row of a draft pass
+    rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
+                      for b, p in enumerate(passes)])
+    normed_rows = normed.reshape(B * width, -1)[rows]
+    logits = drafter.head(normed_rows)
+    fed = drafter.fed_back(h.reshape(B * width, -1)[rows], normed_rows)
+    counts = [1 if p.is_context else p.size for p in passes]
+    for p in passes:
+        if p.is_context:
+            p.cache.commit(p.past, list(range(p.size)))
+    return [PassOutput(lo, hi) for lo, hi in zip(logits.split(counts), fed.split(counts))]
