@@ -20,7 +20,9 @@ Figures (per level and server):
   tau              pooled acceptance length of the drafter server's speculative steps, with their count
                    and the drift-fallback switches (the server turns speculation off for requests where
                    it does not pay: pass --server-arg=--no-fallback to measure speculation throughout)
-  rows per forward mean sequences per batched target forward (the server's /metrics)
+  break-even tau    the drift monitor's tau* at the end of the level (the server's /metrics)
+  rows per forward mean sequences per batched target forward, and per lockstep drafting round
+                   (the server's /metrics)
   outputs differing requests whose greedy text differs between the two servers (same prompt)
 """
 
@@ -93,9 +95,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def batch_rows_mean(before: dict, after: dict) -> float | None:
-    n = after.get("anchorspec_batch_rows_count", 0) - before.get("anchorspec_batch_rows_count", 0)
-    s = after.get("anchorspec_batch_rows_sum", 0) - before.get("anchorspec_batch_rows_sum", 0)
+def histogram_mean(name: str, before: dict, after: dict) -> float | None:
+    """Mean of a Prometheus histogram's observations between two scrapes."""
+    n = after.get(f"{name}_count", 0) - before.get(f"{name}_count", 0)
+    s = after.get(f"{name}_sum", 0) - before.get(f"{name}_sum", 0)
     return s / n if n > 0 else None
 
 
@@ -222,7 +225,9 @@ async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_
         after = parse_prometheus((await client.get(url + "/metrics")).text)
     out = summarize(records, wall)
     out["concurrency"] = concurrency
-    out["batch_rows_mean"] = batch_rows_mean(before, after)
+    out["batch_rows_mean"] = histogram_mean("anchorspec_batch_rows", before, after)
+    out["draft_rows_mean"] = histogram_mean("anchorspec_draft_rows", before, after)
+    out["break_even_tau"] = after.get("anchorspec_break_even_tau")
     out["error_samples"] = [r["error"] for r in records if r["error"]][:3]
     out["texts"] = {str(r["prompt"]): r["text"] for r in records if r["error"] is None}
     return out
@@ -264,8 +269,9 @@ def speedups(results: dict) -> dict:
 
 def markdown(results: dict, speedup: dict) -> str:
     lines = ["| concurrency | server | requests | per-user tok/s (median) | total tok/s | latency p50 / p90 / p99 (s) "
-             "| TTFT p50 (s) | tau (verify steps, fallback switches) | rows per forward |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| TTFT p50 (s) | tau (verify steps, fallback switches) | break-even tau | rows per forward "
+             "(target / drafter) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     levels = sorted({int(c) for mode in results.values() for c in mode})
     for c in levels:
         for mode in ("plain", "drafter"):
@@ -279,11 +285,13 @@ def markdown(results: dict, speedup: dict) -> str:
                 tau = f"- (0, {r['fallback_switches']})"
             else:
                 tau = f"{r['tau']:.2f} ({r['verify_steps']}, {r['fallback_switches']})"
-            rows = f"{r['batch_rows_mean']:.2f}" if r["batch_rows_mean"] else "-"
+            rows = " / ".join(f"{r[k]:.2f}" if r.get(k) else "-" for k in ("batch_rows_mean", "draft_rows_mean"))
+            tstar = r.get("break_even_tau")
+            tstar = f"{tstar:.2f}" if mode == "drafter" and tstar is not None and tstar == tstar else "-"
             err = f" ({r['errors']} errors)" if r["errors"] else ""
             lines.append(f"| {c} | {mode} | {r['requests']}{err} | {r['per_user_tok_s_median']:.2f} | "
                          f"{r['total_tok_s']:.2f} | {lat['p50']:.2f} / {lat['p90']:.2f} / {lat['p99']:.2f} | "
-                         f"{r['ttft_s_p50']:.2f} | {tau} | {rows} |")
+                         f"{r['ttft_s_p50']:.2f} | {tau} | {tstar} | {rows} |")
     if speedup:
         lines += ["", "| concurrency | speedup drafter / plain: total tok/s | per-user tok/s (median) "
                   "| outputs differing |", "|---|---|---|---|"]

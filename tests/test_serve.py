@@ -424,43 +424,91 @@ def test_fallback_switches_off_and_back_on(dirs, reference):
 
 
 def step(state, monitor, accepted):
-    return monitor.record(state, "speculative", accepted=accepted, tokens=accepted + 1, draft_s=0.5, verify_s=1.5)
+    return monitor.record(state, "speculative", accepted=accepted, tokens=accepted + 1)
+
+
+def feed(monitor, rows_list=(1, 4), width=4):
+    """Rounds on exact cost lines: forward = 0.8 + 0.2 * padded tokens, drafting = 0.4 + 0.1 * rows."""
+    for rows in rows_list:
+        monitor.observe_round(rows, 1, 0.8 + 0.2 * rows)  # plain rounds
+        monitor.observe_round(rows, width, 0.8 + 0.2 * rows * width, rows, 0.4 + 0.1 * rows)  # speculative
 
 
 def test_monitor_threshold_comes_from_measured_costs():
     m = DriftMonitor()
     assert m.threshold is None  # nothing measured: never switches
-    m.observe_plain(1.0)
-    m.observe_speculative(0.5, 1.5)
-    assert m.threshold == pytest.approx(2.0)  # 1 + (0.5 + 1.5 - 1.0) / 1.0
+    m.observe_round(1, 1, 1.0)
+    assert m.threshold is None  # no drafting round yet
+    m.observe_round(1, 4, 1.5, 1, 0.5)
+    assert m.threshold == pytest.approx(2.0)  # batch 1: (t_draft + t_verify) / t_plain = (0.5 + 1.5) / 1.0
     assert DriftMonitor(threshold=3.5).threshold == 3.5
+
+    m = DriftMonitor()
+    feed(m)
+    # the fitted lines are exact, so tau*(B) = (drafting(B) + forward(4 B)) / forward(B)
+    assert m.threshold_at(1) == pytest.approx((0.5 + 1.6) / 1.0)
+    assert m.threshold_at(4) == pytest.approx((0.8 + 4.0) / 1.6)
+    assert m.threshold_at(16) == pytest.approx((2.0 + 13.6) / 4.0)
+    assert m.rows == 4 and m.threshold == m.threshold_at(4)  # the latest round's batch size
+
+
+def test_monitor_threshold_rises_with_load():
+    """A request at tau 2.5 pays alone but not in a batch of 4: the padded forward of 4 trees costs
+    more than the extra tokens bring (a threshold from batch-1 costs would keep it speculating)."""
+    m = DriftMonitor(window=4, min_steps=2)
+    feed(m, rows_list=(4, 1))  # latest round: batch 1
+    alone = m.new_request()
+    assert step(alone, m, 1) is None and step(alone, m, 2) is None  # tau 2.5 > 2.1
+    assert alone.speculating
+    assert m.global_speculating
+    feed(m, rows_list=(1, 4))  # latest round: batch 4
+    assert step(alone, m, 2) == "off"  # its rolling tau 2.67 < 3.0
+    assert not m.global_speculating and not m.new_request().speculating  # global tau 2.67: new ones start plain
+
+
+def test_linear_cost_fit():
+    from anchorspec.serve.monitor import LinearCost
+
+    line = LinearCost(0.05)
+    assert line(3) is None
+    line.add(2, 5.0)
+    assert line(10) == 5.0  # one point: the mean, no slope
+    line = LinearCost(0.05)
+    for x in (1, 4, 9, 16):
+        line.add(x, 1.0 + 0.5 * x)
+    assert line(32) == pytest.approx(17.0) and line(0) == pytest.approx(1.0)
+    falling = LinearCost(0.5)
+    falling.add(1, 4.0)
+    falling.add(8, 2.0)
+    assert falling(100) == pytest.approx(falling(1))  # never a negative slope
 
 
 def test_monitor_switches_off_low_acceptance_and_retries():
     m = DriftMonitor(window=4, min_steps=3, retry_after=5)
-    m.observe_plain(1.0)
+    m.observe_round(1, 1, 1.0)
+    m.observe_round(1, 4, 1.5, 1, 0.5)  # tau* = 2.0
     state = m.new_request()
     assert state.speculating
     assert step(state, m, 0) is None and step(state, m, 0) is None  # too few steps to judge
     assert step(state, m, 0) == "off"  # rolling tau 1.0 < 2.0
     assert not state.speculating and m.switches_off == 1
-    assert m.record(state, "plain", tokens=1, verify_s=1.0) is None
+    assert m.record(state, "plain", tokens=1) is None
     for _ in range(3):
-        m.record(state, "plain", tokens=1, verify_s=1.0)
-    assert m.record(state, "plain", tokens=1, verify_s=1.0) == "on"  # after retry_after plain tokens
+        m.record(state, "plain", tokens=1)
+    assert m.record(state, "plain", tokens=1) == "on"  # after retry_after plain tokens
     assert state.speculating and not state.window and state.switches == 2 and m.switches_on == 1
     assert not m.global_speculating  # the global window saw only rejections: new requests start plain
     late = m.new_request()
     assert not late.speculating and m.switches_off == 2
 
     good = DriftMonitor(window=4, min_steps=2)
-    good.observe_plain(1.0)
+    feed(good, rows_list=(1,))
     s = good.new_request()
-    assert all(step(s, good, 3) is None for _ in range(10))  # tau 4 > 2: keeps speculating
+    assert all(step(s, good, 3) is None for _ in range(10))  # tau 4 > 2.1: keeps speculating
     assert s.speculating and good.global_speculating
 
     off = DriftMonitor(enabled=False, min_steps=1)
-    off.observe_plain(1.0)
+    feed(off, rows_list=(1,))
     s = off.new_request()
     assert all(step(s, off, 0) is None for _ in range(5)) and s.speculating
 
@@ -469,7 +517,7 @@ def test_monitor_accepts_step_reports():
     r = StepReport([1, 2], "speculative", drafted=15, accepted=1, draft_s=0.1, verify_s=0.2)
     m = DriftMonitor(min_steps=1, threshold=1.5)
     state = m.new_request()
-    assert m.record(state, r.kind, r.accepted, len(r.tokens), r.draft_s, r.verify_s) is None  # tau 2 >= 1.5
+    assert m.record(state, r.kind, r.accepted, len(r.tokens)) is None  # tau 2 >= 1.5
 
 
 # --- export ------------------------------------------------------------------------------------

@@ -1,20 +1,22 @@
 """Drift fallback: stop speculating for a request whose drafter no longer pays, retry later.
 
-Break-even, from the server's own measured step costs:
+Break-even, from the server's own measured round costs. All running sequences share each round:
+one drafting pass per draft level over the B drafting sequences, then one target forward over all B
+rows padded to the widest (a tree of W nodes; a plain row is 1 token). So with B sequences
 
-    a speculative step costs  c_spec  = t_draft + t_verify   and yields tau tokens on average,
-    a plain step costs        c_plain = t_plain              and yields 1 token,
+    speculating costs  c_spec  = drafting(B) + forward(B * W)  per round and yields tau tokens per sequence,
+    plain costs        c_plain = forward(B)                    per round and yields 1 token per sequence,
 
-so speculation is faster while tau / c_spec > 1 / c_plain, i.e. while
+and speculation is faster while tau > tau*(B) = c_spec / c_plain. At B = 1 this is the batch-1
+break-even (t_draft + t_verify) / t_plain. Under load it rises where a forward's cost grows with
+the tokens it computes (a CPU; a GPU at large B): the B * (W - 1) extra tokens are no longer
+nearly free, and plain rows padded next to a tree pay for them too.
 
-    tau > tau* = 1 + (t_draft + t_verify - t_plain) / t_plain      ( = c_spec / c_plain ).
-
-t_draft, t_verify and t_plain are exponential moving averages of the step timings the scheduler
-reports (seeded by a short calibration at start-up; plain steps are those run in fallback mode),
-so tau* follows the machine, the tree shape and the load. With batched rounds, t_verify and t_plain
-are the whole batched forward the step rode in and t_draft the request's own drafting
-(decode/round.py), so both step kinds are costed under the load they ran in. A fixed `threshold`
-overrides it.
+forward(tokens) and drafting(rows) are straight lines a + b * x fitted by exponentially weighted
+least squares to every round the scheduler reports (`observe_round`: padded tokens and wall time
+of the batched forward, drafting rows and wall time), seeded by a short calibration at start-up
+at batch 1 and 4. B is the row count of the latest round; W the width of the latest drafting round.
+A fixed `threshold` overrides tau*.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
 Once at least `min_steps` are in the window and it falls below tau*, the request switches to
@@ -45,42 +47,69 @@ class RequestState:
         return sum(self.window) / len(self.window) if self.window else None
 
 
-class _Ema:
-    def __init__(self, smoothing: float):
-        self.smoothing, self.value = smoothing, None
+class LinearCost:
+    """y ~ a + b * x by exponentially weighted least squares (weight of an observation decays by
+    `1 - smoothing` per newer one). With a single distinct x so far, or a negative slope, it
+    predicts the weighted mean: cost never falls as work grows."""
 
-    def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1 - self.smoothing) * self.value + self.smoothing * x
+    def __init__(self, smoothing: float):
+        self.decay = 1 - smoothing
+        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.w, self.wx, self.wy = d * self.w + 1, d * self.wx + x, d * self.wy + y
+        self.wxx, self.wxy = d * self.wxx + x * x, d * self.wxy + x * y
+
+    def __call__(self, x: float) -> float | None:
+        if not self.w:
+            return None
+        mx, my = self.wx / self.w, self.wy / self.w
+        var = self.wxx / self.w - mx * mx
+        slope = (self.wxy / self.w - mx * my) / var if var > 1e-12 * max(1.0, mx * mx) else 0.0
+        return my + max(slope, 0.0) * (x - mx)
 
 
 class DriftMonitor:
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
-                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.1):
+                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.05):
         if not (window >= 1 and 1 <= min_steps <= window and retry_after >= 1 and global_window >= 1):
             raise ValueError("need window >= min_steps >= 1, retry_after >= 1, global_window >= 1")
         self.window, self.min_steps, self.retry_after = window, min_steps, retry_after
         self.fixed_threshold, self.enabled = threshold, enabled
-        self.t_draft, self.t_verify, self.t_plain = _Ema(smoothing), _Ema(smoothing), _Ema(smoothing)
+        self.forward, self.drafting = LinearCost(smoothing), LinearCost(smoothing)
+        self.rows = 1  # sequences in the latest round: the B of tau*(B)
+        self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
         self.recent: deque = deque(maxlen=global_window)
         self.switches_off = self.switches_on = 0
 
     # --- costs ----------------------------------------------------------------------------------
-    def observe_plain(self, seconds: float) -> None:
-        self.t_plain.add(seconds)
+    def observe_round(self, rows: int, width: int, forward_s: float, draft_rows: int = 0,
+                      draft_s: float = 0.0) -> None:
+        """One round: `rows` sequences padded to `width` tokens in a forward of `forward_s`, and
+        `draft_rows` of them drafting for `draft_s` (0 rows: no drafting)."""
+        if rows:
+            self.rows = rows
+            self.forward.add(rows * width, forward_s)
+        if draft_rows:
+            self.drafting.add(draft_rows, draft_s)
+            self.width = width
 
-    def observe_speculative(self, draft_s: float, verify_s: float) -> None:
-        self.t_draft.add(draft_s)
-        self.t_verify.add(verify_s)
+    def threshold_at(self, rows: int) -> float | None:
+        """tau*(rows) (see the module docstring); None until both round kinds have been measured."""
+        if self.fixed_threshold is not None:
+            return self.fixed_threshold
+        if self.width is None:
+            return None
+        plain = self.forward(rows)
+        if not plain:
+            return None
+        return (self.drafting(rows) + self.forward(rows * self.width)) / plain
 
     @property
     def threshold(self) -> float | None:
-        """tau* (see the module docstring); None until both costs have been measured."""
-        if self.fixed_threshold is not None:
-            return self.fixed_threshold
-        d, v, p = self.t_draft.value, self.t_verify.value, self.t_plain.value
-        if d is None or v is None or not p:
-            return None
-        return 1 + (d + v - p) / p
+        """tau* at the current batch size."""
+        return self.threshold_at(self.rows)
 
     @property
     def global_tau(self) -> float | None:
@@ -102,18 +131,15 @@ class DriftMonitor:
             self._switch_off(state)
         return state
 
-    def record(self, state: RequestState, kind: str, accepted: int = 0, tokens: int = 1,
-               draft_s: float = 0.0, verify_s: float = 0.0) -> str | None:
+    def record(self, state: RequestState, kind: str, accepted: int = 0, tokens: int = 1) -> str | None:
         """Feed one step (kind "prefill", "speculative" or "plain"); returns "off"/"on" on a switch."""
         if kind == "speculative":
-            self.observe_speculative(draft_s, verify_s)
             state.window.append(accepted + 1)
             self.recent.append(accepted + 1)
             if state.speculating and not self._pays(state.rolling_tau, len(state.window)):
                 self._switch_off(state)
                 return "off"
         elif kind == "plain":
-            self.observe_plain(draft_s + verify_s)
             if not state.speculating:
                 state.plain_left -= tokens
                 if state.plain_left <= 0:

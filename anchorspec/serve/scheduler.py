@@ -14,9 +14,9 @@ Results are what each request gets alone: greedy outputs token for token, seeded
 draws (float rounding of the batched forward aside); the tests check both against solo runs.
 A failing sequence gets an error event and is dropped; the others go on.
 
-Drift monitor timings: draft_s is the batched drafting the sequence rode in, verify_s the whole
-batched target forward (see decode/round.py), so speculative and plain step costs are both
-measured under the load they ran in.
+Drift monitor: each round's costs (padded tokens and time of the batched forward, drafting rows
+and time) feed its cost lines, so the break-even tau it compares each request's rolling tau with
+is the one of the current batch size (serve/monitor.py).
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import threading
 import time
 from collections import deque
@@ -188,6 +187,7 @@ class Scheduler:
             log.exception("decoding round failed")
             result = RoundResult([exc] * len(running))
         self.metrics.observe_round(result)
+        self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s)
         for seq, report in zip(running, result.reports):
             self._deliver(seq, report)
 
@@ -200,8 +200,7 @@ class Scheduler:
         state = seq.monitor_state
         self.metrics.observe_step(report)
         if state is not None:
-            switch = self.monitor.record(state, report.kind, report.accepted, len(report.tokens),
-                                         report.draft_s, report.verify_s)
+            switch = self.monitor.record(state, report.kind, report.accepted, len(report.tokens))
             if switch:
                 self._count_switch(seq, switch)
         if report.tokens:
@@ -233,26 +232,24 @@ class Scheduler:
         m.break_even_tau.set(float("nan") if tstar is None else tstar)
         m.rolling_tau.set(float("nan") if tau is None else tau)
 
-    def _calibrate(self, steps: int = 3) -> None:
-        """Seed the monitor's costs with a few plain and speculative steps on a dummy prompt, through
-        the batched path at batch 1 (what an idle server runs), on a BatchKV of its own."""
+    def _calibrate(self, steps: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
+        """Seed the monitor's cost lines with a few plain and speculative rounds on a dummy prompt at
+        each batch size, through the batched path, on a BatchDecoder of its own."""
         target = self.engine.target
         prompt = [i % target.vocab_size for i in range(16)]
         cfg = GenerationConfig(max_new_tokens=1 + steps + steps * (self.shape.depth + 1) + 1)
-        dec = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
-        decoder = BatchDecoder(target)
-
-        def one(speculate: bool):
-            report = decoder.round([(dec, speculate)]).reports[0]
-            if isinstance(report, BaseException):
-                raise report
-            return report
-
-        one(True)  # prefill (also warms the kernels)
-        plain = [one(False) for _ in range(steps)]
-        spec = [one(True) for _ in range(steps)]
-        decoder.release(dec)
-        self.monitor.observe_plain(statistics.median(r.draft_s + r.verify_s for r in plain))
-        for r in spec:
-            if r.kind == "speculative":
-                self.monitor.observe_speculative(r.draft_s, r.verify_s)
+        for rows in batches:
+            decs = [SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
+                    for _ in range(rows)]
+            decoder = BatchDecoder(target)
+            try:
+                for speculate in [True] + [False] * steps + [True] * steps:  # prefills, plain, speculative
+                    result = decoder.round([(dec, speculate) for dec in decs if not dec.finished])
+                    failed = [r for r in result.reports if isinstance(r, BaseException)]
+                    if failed:
+                        raise failed[0]
+                    self.monitor.observe_round(result.rows, result.width, result.forward_s,
+                                               result.draft_rows, result.draft_s)
+            finally:
+                for dec in decs:
+                    decoder.release(dec)
