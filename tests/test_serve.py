@@ -492,10 +492,14 @@ def test_monitor_switches_off_low_acceptance_and_retries():
     assert step(state, m, 0) is None and step(state, m, 0) is None  # too few steps to judge
     assert step(state, m, 0) == "off"  # rolling tau 1.0 < 2.0
     assert not state.speculating and m.switches_off == 1
-    assert m.record(state, "plain", tokens=1) is None
-    for _ in range(3):
-        m.record(state, "plain", tokens=1)
-    assert m.record(state, "plain", tokens=1) == "on"  # after retry_after plain tokens
+    rounds = []
+    for r in range(1, 11):  # one plain token per round
+        if m.start_round([state]):
+            rounds.append(r)
+        if not state.speculating:
+            m.record(state, "plain", tokens=1)
+    # due after retry_after = 5 plain tokens (round 5), retried at the next retry round: 10
+    assert rounds == [10] and m.rounds == 10
     assert state.speculating and not state.window and state.switches == 2 and m.switches_on == 1
     assert not m.global_speculating  # the global window saw only rejections: new requests start plain
     late = m.new_request()
@@ -511,6 +515,25 @@ def test_monitor_switches_off_low_acceptance_and_retries():
     feed(off, rows_list=(1,))
     s = off.new_request()
     assert all(step(s, off, 0) is None for _ in range(5)) and s.speculating
+
+
+def test_monitor_retries_happen_together():
+    """Requests switched off at different rounds retry in the same round, so a batch does not pad
+    to a tree's width round after round for one probing request at a time."""
+    m = DriftMonitor(window=2, min_steps=1, retry_after=4, threshold=2.0)
+    a, b = m.new_request(), m.new_request()
+    retried = {}
+    for r in range(1, 13):
+        for state in m.start_round([a, b]):
+            retried.setdefault(r, []).append("a" if state is a else "b")
+        if r == 1:
+            step(a, m, 0)  # a off at round 1
+        if r == 3:
+            step(b, m, 0)  # b off at round 3
+        for state in (a, b):
+            if not state.speculating:
+                m.record(state, "plain", tokens=1)
+    assert retried == {8: ["a", "b"]}  # a due at round 5, b at 7: both at the retry round 8
 
 
 def test_monitor_accepts_step_reports():

@@ -20,7 +20,9 @@ A fixed `threshold` overrides tau*.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
 Once at least `min_steps` are in the window and it falls below tau*, the request switches to
-plain decoding; after `retry_after` plain tokens it speculates again with an empty window.
+plain decoding; after `retry_after` plain tokens it is due to speculate again with an empty
+window, which it does at the next retry round (every `retry_after` rounds, all due requests
+together: see `start_round`).
 Globally: the same rolling tau over the last `global_window` steps of all requests; while it is
 below tau*, new requests start in plain mode (and retry like the others), so a drafter that stops
 fitting the traffic stops costing every new request its first `min_steps` steps.
@@ -82,6 +84,7 @@ class DriftMonitor:
         self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
         self.recent: deque = deque(maxlen=global_window)
         self.switches_off = self.switches_on = 0
+        self.rounds = 0
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_round(self, rows: int, width: int, forward_s: float, draft_rows: int = 0,
@@ -132,22 +135,32 @@ class DriftMonitor:
         return state
 
     def record(self, state: RequestState, kind: str, accepted: int = 0, tokens: int = 1) -> str | None:
-        """Feed one step (kind "prefill", "speculative" or "plain"); returns "off"/"on" on a switch."""
+        """Feed one step (kind "prefill", "speculative" or "plain"); returns "off" on a switch off
+        (switches back on happen in start_round)."""
         if kind == "speculative":
             state.window.append(accepted + 1)
             self.recent.append(accepted + 1)
             if state.speculating and not self._pays(state.rolling_tau, len(state.window)):
                 self._switch_off(state)
                 return "off"
-        elif kind == "plain":
-            if not state.speculating:
-                state.plain_left -= tokens
-                if state.plain_left <= 0:
-                    state.speculating, state.window = True, deque(maxlen=self.window)
-                    state.switches += 1
-                    self.switches_on += 1
-                    return "on"
+        elif kind == "plain" and not state.speculating:
+            state.plain_left -= tokens  # at 0 or below it is due for a retry (start_round)
         return None
+
+    def start_round(self, states: list[RequestState]) -> list[RequestState]:
+        """Call once per scheduler round with the running requests' states; returns those that
+        speculate again from this round on. Retries happen together, every `retry_after` rounds:
+        in a batch, one speculating row pads every row to its tree's width, so staggered retries
+        would make most rounds pay that width for a few probing requests."""
+        self.rounds += 1
+        if self.rounds % self.retry_after:
+            return []
+        due = [s for s in states if not s.speculating and s.plain_left <= 0]
+        for state in due:
+            state.speculating, state.window = True, deque(maxlen=self.window)
+            state.switches += 1
+            self.switches_on += 1
+        return due
 
     def _switch_off(self, state: RequestState) -> None:
         state.speculating, state.plain_left = False, self.retry_after

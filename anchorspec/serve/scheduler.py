@@ -179,6 +179,11 @@ class Scheduler:
 
     def _round(self) -> None:
         running = list(self._running)
+        if self.speculative:
+            retried = {id(state) for state in self.monitor.start_round([seq.monitor_state for seq in running])}
+            for seq in running:
+                if id(seq.monitor_state) in retried:
+                    self._count_switch(seq, "on")
         items = [(seq.decoding, None if seq.monitor_state is None else seq.monitor_state.speculating)
                  for seq in running]
         try:
