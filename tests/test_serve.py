@@ -466,21 +466,25 @@ def test_monitor_threshold_rises_with_load():
     assert not m.global_speculating and not m.new_request().speculating  # global tau 2.67: new ones start plain
 
 
-def test_linear_cost_fit():
-    from anchorspec.serve.monitor import LinearCost
+def test_cost_curve():
+    from anchorspec.serve.monitor import CostCurve
 
-    line = LinearCost(0.05)
-    assert line(3) is None
-    line.add(2, 5.0)
-    assert line(10) == 5.0  # one point: the mean, no slope
-    line = LinearCost(0.05)
-    for x in (1, 4, 9, 16):
-        line.add(x, 1.0 + 0.5 * x)
-    assert line(32) == pytest.approx(17.0) and line(0) == pytest.approx(1.0)
-    falling = LinearCost(0.5)
+    curve = CostCurve(0.1)
+    assert curve(3) is None
+    curve.add(2, 5.0)
+    assert curve(10) == 5.0 and curve(1) == 5.0  # one bucket: flat
+    curve = CostCurve(0.1)
+    for x in (1, 4, 16, 64):
+        curve.add(x, 1.0 + 0.5 * x)
+    for x in (1, 2, 8, 40, 64, 100):  # a straight line is interpolated (and extrapolated) exactly
+        assert curve(x) == pytest.approx(1.0 + 0.5 * x)
+    for _ in range(200):  # long traffic at one size does not move the other buckets
+        curve.add(64, 40.0)
+    assert curve(1) == pytest.approx(1.5) and curve(64) == pytest.approx(40.0, rel=1e-6)
+    falling = CostCurve(0.5)
     falling.add(1, 4.0)
     falling.add(8, 2.0)
-    assert falling(100) == pytest.approx(falling(1))  # never a negative slope
+    assert falling(100) == pytest.approx(4.0)  # never a negative slope
 
 
 def test_monitor_switches_off_low_acceptance_and_retries():

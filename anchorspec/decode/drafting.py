@@ -3,9 +3,9 @@
 A proposer drafts by yielding DraftPass requests (one drafter forward each) and receiving their
 PassOutput; the program returns its DraftTree. Who runs the passes decides batching:
   - `run_program(program)` runs each pass at once on the sequence's own KVCache (batch 1);
-  - a BatchDecoder round (decode/round.py) advances every sequence's program together: the passes
-    of all sequences at the same level become ONE padded drafter forward (`run_passes`) over
-    their slots of a shared drafter BatchKV.
+  - `run_lockstep(programs)` (a BatchDecoder round, decode/round.py) advances all programs
+    together: the passes of all sequences at the same level become ONE padded drafter forward
+    (`run_passes`) over their slots of a shared drafter BatchKV.
 
 Rows of a drafter cache: `committed` real rows (positions with target features), then, while a
 draft is being built, speculative rows (drafted tokens). A pass writes its n rows right after the

@@ -12,10 +12,10 @@ break-even (t_draft + t_verify) / t_plain. Under load it rises where a forward's
 the tokens it computes (a CPU; a GPU at large B): the B * (W - 1) extra tokens are no longer
 nearly free, and plain rows padded next to a tree pay for them too.
 
-forward(tokens) and drafting(rows) are straight lines a + b * x fitted by exponentially weighted
-least squares to every round the scheduler reports (`observe_round`: padded tokens and wall time
-of the batched forward, drafting rows and wall time), seeded by a short calibration at start-up
-at batch 1 and 4. B is the row count of the latest round; W the width of the latest drafting round.
+forward(tokens) and drafting(rows) are cost curves (CostCurve: moving averages per power-of-two
+bucket of the work, interpolated) learned from every round the scheduler reports (`observe_round`:
+padded tokens and wall time of the batched forward, drafting rows and wall time), seeded by a
+short calibration at start-up at batch 1 and 4. B is the row count of the latest round; W the width of the latest drafting round.
 A fixed `threshold` overrides tau*.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
@@ -49,37 +49,45 @@ class RequestState:
         return sum(self.window) / len(self.window) if self.window else None
 
 
-class LinearCost:
-    """y ~ a + b * x by exponentially weighted least squares (weight of an observation decays by
-    `1 - smoothing` per newer one). With a single distinct x so far, or a negative slope, it
-    predicts the weighted mean: cost never falls as work grows."""
+class CostCurve:
+    """Cost y of work x (padded tokens, drafting rows), learned per power-of-two bucket of x: each
+    bucket keeps exponential moving averages of its x and y, and a prediction interpolates
+    linearly between the neighbouring buckets' points (beyond the ends: the end segment's slope,
+    or flat with one bucket). Buckets are remembered separately, so hours at batch 16 do not
+    make the server forget what a batch-1 step costs. Cost never falls as work grows."""
 
     def __init__(self, smoothing: float):
-        self.decay = 1 - smoothing
-        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+        self.smoothing = smoothing
+        self.points: dict[int, list[float]] = {}  # bucket -> [mean x, mean y]
 
     def add(self, x: float, y: float) -> None:
-        d = self.decay
-        self.w, self.wx, self.wy = d * self.w + 1, d * self.wx + x, d * self.wy + y
-        self.wxx, self.wxy = d * self.wxx + x * x, d * self.wxy + x * y
+        point = self.points.get(int(x).bit_length())
+        if point is None:
+            self.points[int(x).bit_length()] = [float(x), float(y)]
+        else:
+            point[0] += self.smoothing * (x - point[0])
+            point[1] += self.smoothing * (y - point[1])
 
     def __call__(self, x: float) -> float | None:
-        if not self.w:
+        if not self.points:
             return None
-        mx, my = self.wx / self.w, self.wy / self.w
-        var = self.wxx / self.w - mx * mx
-        slope = (self.wxy / self.w - mx * my) / var if var > 1e-12 * max(1.0, mx * mx) else 0.0
-        return my + max(slope, 0.0) * (x - mx)
+        pts = [self.points[b] for b in sorted(self.points)]
+        if len(pts) == 1:
+            return pts[0][1]
+        i = next((k for k in range(1, len(pts) - 1) if x < pts[k][0]), len(pts) - 1)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        slope = max((y1 - y0) / (x1 - x0), 0.0) if x1 != x0 else 0.0
+        return max(y0 + slope * (x - x0), 0.0)
 
 
 class DriftMonitor:
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
-                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.05):
+                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.1):
         if not (window >= 1 and 1 <= min_steps <= window and retry_after >= 1 and global_window >= 1):
             raise ValueError("need window >= min_steps >= 1, retry_after >= 1, global_window >= 1")
         self.window, self.min_steps, self.retry_after = window, min_steps, retry_after
         self.fixed_threshold, self.enabled = threshold, enabled
-        self.forward, self.drafting = LinearCost(smoothing), LinearCost(smoothing)
+        self.forward, self.drafting = CostCurve(smoothing), CostCurve(smoothing)
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
         self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
         self.recent: deque = deque(maxlen=global_window)
