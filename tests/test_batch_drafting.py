@@ -24,8 +24,9 @@ from helpers import VOCAB, tiny_target
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = [TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape(2, 5, 10), TreeShape.chain(1), TreeShape(3, 2, 7)]
-# context lengths; one is wider than WIDE so its first pass runs alone
-CONTEXTS = [5, 12, WIDE + 9, 3, 20]
+# context lengths; two are wider than WIDE: their first passes share a forward of their own
+CONTEXTS = [5, 12, WIDE + 9, 3, 20, WIDE + 20]
+SHAPES = SHAPES + [TreeShape(2, 3, 6)]
 
 
 def setup(variant="eagle3.1", seed=0):
@@ -88,6 +89,17 @@ def test_lockstep_drafting_equals_solo_drafting(variant, params):
     # one drafter call per level: the update, then the deepest shape's levels (depth 5 -> 4 more)
     assert lock.levels == 1 + max(s.depth for s in SHAPES) - 1
     assert lock.widest == len(SHAPES)
+
+
+def test_wide_passes_batch_by_size_class(monkeypatch):
+    """The first level (context passes of 5..52 tokens) is two forwards: the narrow passes together,
+    padded to the widest of them, and the two wide ones (41 and 52 tokens) together."""
+    _, drafter, seqs = setup()
+    calls = []
+    layer = drafter.layer
+    monkeypatch.setattr(drafter, "layer", lambda ids, *a, **k: calls.append(tuple(ids.shape)) or layer(ids, *a, **k))
+    solo_and_batched(drafter, seqs, SamplingParams())
+    assert (4, 20) in calls and (2, WIDE + 20) in calls  # (sequences, padded width)
 
 
 def test_one_forward_per_level(monkeypatch):

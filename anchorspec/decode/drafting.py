@@ -29,7 +29,7 @@ from ..errors import AnchorspecError
 from ..models.drafter import CAUSAL, Eagle3Drafter, KVCache, additive_mask
 from .batch import KVSlot, _ForwardCache, padded_allowed
 
-WIDE = 32  # a pass with more new tokens (a prompt, a long plain stretch) runs alone: no one pads to it
+WIDE = 32  # passes with more new tokens (a prompt, a long plain stretch) batch only with passes of similar size
 
 
 @dataclass
@@ -133,13 +133,15 @@ def run_lockstep(programs: list[Program]) -> Lockstep:
 @torch.inference_mode()
 def run_passes(passes: list[DraftPass]) -> list[PassOutput | Exception]:
     """Run passes of different sequences; outputs in order. Passes on slots of one BatchKV with the
-    same drafter share one padded forward (wide passes run alone); KVCache passes run alone. A pass
-    that fails alone gets its exception; a failed shared forward is retried pass by pass."""
-    shared: dict[tuple[int, int], list[int]] = {}
+    same drafter share one padded forward: all passes of up to WIDE tokens, and wider ones by
+    power-of-two size class (so padding at most doubles a wide pass); KVCache passes run alone. A
+    pass that fails alone gets its exception; a failed shared forward is retried pass by pass."""
+    shared: dict[tuple[int, int, int], list[int]] = {}
     groups: list[list[int]] = []
     for i, p in enumerate(passes):
-        if isinstance(p.cache, KVSlot) and p.size <= WIDE:
-            shared.setdefault((id(p.drafter), id(p.cache.kv)), []).append(i)
+        if isinstance(p.cache, KVSlot):
+            size_class = 0 if p.size <= WIDE else p.size.bit_length()
+            shared.setdefault((id(p.drafter), id(p.cache.kv), size_class), []).append(i)
         else:
             groups.append([i])
     groups += shared.values()
