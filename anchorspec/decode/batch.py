@@ -205,8 +205,9 @@ def batch_allowed(trees: list[DraftTree], past_lens: list[int], width: int, kv_l
 
 class _ForwardCache:
     """The cache a model sees in one batched forward: HF's `past_key_values` (`update`) or the
-    drafter's (`append`, one layer). Writes row b's new keys/values at its slot's rows length_b + j
-    and returns rows [0, kv_len) of every slot."""
+    drafter's (`append`, one layer). Writes row b's new keys/values at its slot's rows past_b + j
+    (past_b: the slot's length, plus any speculative rows an earlier drafter level wrote) and
+    returns rows [0, kv_len) of every slot."""
 
     def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int):
         self.kv, self.kv_len, self.batch = kv, kv_len, len(indices)
