@@ -91,13 +91,19 @@ def test_lockstep_drafting_equals_solo_drafting(variant, params):
     assert lock.widest == len(SHAPES)
 
 
+def spy_layer(monkeypatch, drafter) -> list[tuple[int, int]]:
+    """Records (sequences, padded width) of every drafter layer call."""
+    calls = []
+    layer = drafter.layer
+    monkeypatch.setattr(drafter, "layer", lambda ids, *a, **k: calls.append(tuple(ids.shape)) or layer(ids, *a, **k))
+    return calls
+
+
 def test_wide_passes_batch_by_size_class(monkeypatch):
     """The first level (context passes of 5..52 tokens) is two forwards: the narrow passes together,
     padded to the widest of them, and the two wide ones (41 and 52 tokens) together."""
     _, drafter, seqs = setup()
-    calls = []
-    layer = drafter.layer
-    monkeypatch.setattr(drafter, "layer", lambda ids, *a, **k: calls.append(tuple(ids.shape)) or layer(ids, *a, **k))
+    calls = spy_layer(monkeypatch, drafter)
     solo_and_batched(drafter, seqs, SamplingParams())
     assert (4, 20) in calls and (2, WIDE + 20) in calls  # (sequences, padded width)
 
@@ -106,9 +112,7 @@ def test_one_forward_per_level(monkeypatch):
     """The round's drafting is one drafter forward per level over all drafting sequences (the
     prompts' first passes aside: they are wide and run alone)."""
     target, drafter, _ = setup()
-    calls = []
-    layer = drafter.layer
-    monkeypatch.setattr(drafter, "layer", lambda ids, *a, **k: calls.append(tuple(ids.shape)) or layer(ids, *a, **k))
+    calls = spy_layer(monkeypatch, drafter)
     cfg = GenerationConfig(max_new_tokens=12)
     prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (4, 9, 6, 13)]
     decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, cfg, TreeShape.chain(3)) for p in prompts]

@@ -28,6 +28,7 @@ import torch
 from ..errors import AnchorspecError
 from ..models.drafter import CAUSAL, Eagle3Drafter, KVCache, additive_mask
 from .batch import KVSlot, _ForwardCache, padded_allowed
+from .program import run
 
 WIDE = 32  # passes with more new tokens (a prompt, a long plain stretch) batch only with passes of similar size
 
@@ -81,15 +82,14 @@ def run_program(program: Program):
     """Run a program's passes one by one, batch 1; returns its result. (Programs hold no
     inference_mode of their own: a context manager open across a yield would leak into the
     caller's code between passes. Their drivers run them under it.)"""
-    try:
-        request = next(program)
-        while True:
-            out = run_passes([request])[0]
-            if isinstance(out, Exception):
-                raise out
-            request = program.send(out)
-    except StopIteration as stop:
-        return stop.value
+    return run(program, _run_one)
+
+
+def _run_one(request: DraftPass) -> PassOutput:
+    out = run_passes([request])[0]
+    if isinstance(out, Exception):
+        raise out
+    return out
 
 
 @dataclass

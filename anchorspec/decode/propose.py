@@ -20,6 +20,7 @@ import torch
 from ..models.drafter import Eagle3Drafter, KVCache
 from .batch import KVSlot
 from .drafting import DraftPass, Program, run_program
+from .program import run_nested
 from .sampling import SamplingParams, probs_from_logits, sample
 from .tree import DraftTree, TreeShape, dynamic_tree
 
@@ -120,26 +121,26 @@ class EagleProposer:
         out_hidden: dict[int, torch.Tensor] = {-1: self.hidden}
         depth: dict[int, int] = {-1: 0}
         first = torch.topk(torch.log_softmax(self.logits, dim=-1), k)
+
+        def expand(request) -> Program:
+            nodes, toks, parents = request
+            nonlocal written
+            for i, (node, parent) in enumerate(zip(nodes, parents)):
+                ancestry[node] = ancestry[parent] + [written + i]
+                depth[node] = depth[parent] + 1
+            # each node sees the committed context, then its own ancestors among the speculative rows
+            block = torch.zeros(len(nodes), written + len(nodes), dtype=torch.bool)
+            for i, node in enumerate(nodes):
+                block[i, ancestry[node]] = True
+            # a node at depth d predicts the token at target position n + d + 1 from drafter position n + d - 1
+            out = yield DraftPass(self.drafter, self.cache, n + written, torch.tensor(toks),
+                                  torch.tensor([n + depth[node] - 1 for node in nodes]),
+                                  x_in=torch.stack([out_hidden[p] for p in parents]), block=block)
+            written += len(nodes)
+            for i, node in enumerate(nodes):
+                out_hidden[node] = out.hidden[i]
+            top = torch.topk(torch.log_softmax(out.logits, dim=-1), k, dim=-1)
+            return self.draft_to_target[top.indices], top.values
+
         expansion = dynamic_tree(self.root, self.draft_to_target[first.indices], first.values, shape)
-        try:
-            request = next(expansion)
-            while True:
-                nodes, toks, parents = request
-                for i, (node, parent) in enumerate(zip(nodes, parents)):
-                    ancestry[node] = ancestry[parent] + [written + i]
-                    depth[node] = depth[parent] + 1
-                # each node sees the committed context, then its own ancestors among the speculative rows
-                block = torch.zeros(len(nodes), written + len(nodes), dtype=torch.bool)
-                for i, node in enumerate(nodes):
-                    block[i, ancestry[node]] = True
-                # a node at depth d predicts the token at target position n + d + 1 from drafter position n + d - 1
-                out = yield DraftPass(self.drafter, self.cache, n + written, torch.tensor(toks),
-                                      torch.tensor([n + depth[node] - 1 for node in nodes]),
-                                      x_in=torch.stack([out_hidden[p] for p in parents]), block=block)
-                written += len(nodes)
-                for i, node in enumerate(nodes):
-                    out_hidden[node] = out.hidden[i]
-                top = torch.topk(torch.log_softmax(out.logits, dim=-1), k, dim=-1)
-                request = expansion.send((self.draft_to_target[top.indices], top.values))
-        except StopIteration as stop:
-            return stop.value
+        return (yield from run_nested(expansion, expand))

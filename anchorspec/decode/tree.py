@@ -14,6 +14,7 @@ import torch
 
 from ..errors import AnchorspecError
 from ..models.drafter import additive_mask
+from .program import run
 
 
 @dataclass(frozen=True)
@@ -168,10 +169,4 @@ def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.
 def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor,
                        expand: Expander, shape: TreeShape) -> DraftTree:
     """`dynamic_tree` with each expansion answered by a callback."""
-    program = dynamic_tree(root_token, first_tokens, first_logp, shape)
-    try:
-        request = next(program)
-        while True:
-            request = program.send(expand(*request))
-    except StopIteration as stop:
-        return stop.value
+    return run(dynamic_tree(root_token, first_tokens, first_logp, shape), lambda request: expand(*request))
