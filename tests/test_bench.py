@@ -55,7 +55,7 @@ def dirs(tmp_path_factory):
 def spec(dirs, out, **kw):
     base = dict(target=dirs["target"], drafters=dirs["drafters"], workloads="mt_bench,gsm8k,tpl-plain,long-1k",
                 temperatures=(0.0, 1.0), limit=2, max_new_tokens=6, dtype="float64", data_dir=dirs["data"],
-                out=str(out), progress=False)
+                out=str(out), progress=False, fallback=False)  # the drafters' own tau (ratios)
     base.update(kw)
     return BenchSpec(**base)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -270,15 +269,9 @@ def test_read_prompts_formats(tmp_path):
         read_prompts(alpaca)
 
 
-SHARED = Path("/work/shared/data")
-
-
 @pytest.mark.parametrize("rel,reader,n", [("gsm8k/train.jsonl", read_prompts, 7473),
                                           ("alpaca_eval/outputs.json", read_prompts, 805),
                                           ("mt_bench/question.jsonl", read_turns_jsonl, 80)])
-def test_real_shared_files(rel, reader, n):
-    path = SHARED / rel
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    rows = reader(path)
+def test_real_shared_files(shared_data, rel, reader, n):
+    rows = reader(shared_data(rel))
     assert len(rows) == n and all(rows)

@@ -193,11 +193,13 @@ def assert_one_line_error(rc, err, *fragments, allow_progress_bars=False):
     """Exit code 2 and exactly one stderr line `anchorspec: error: ...` holding each fragment.
 
     allow_progress_bars: errors found after the target starts loading follow transformers'
-    "Loading weights" tqdm bar on stderr; that bar is tolerated there, nothing else."""
+    "Loading weights" tqdm bar on stderr, and the one line saying what `--dtype auto` chose; those
+    are tolerated there, nothing else."""
     assert rc == 2, f"exit code {rc}, stderr {err!r}"
     lines = err.splitlines()
     if allow_progress_bars:
-        lines = [ln for ln in lines if ln.strip() and not ln.startswith("Loading weights")]
+        lines = [ln for ln in lines
+                 if ln.strip() and not ln.startswith(("Loading weights", "anchorspec: --dtype auto chose"))]
     assert len(lines) == 1, f"expected exactly one stderr line, got {len(lines)}: {err!r}"
     assert lines[0].startswith("anchorspec: error:"), lines[0]
     assert "Traceback" not in err

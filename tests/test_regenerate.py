@@ -1,20 +1,32 @@
-"""`anchorspec regenerate`: prompt readers, batched greedy answers equal to plain decoding, resume, CLI errors.
+"""`anchorspec regenerate`: prompt readers, continuous-batching answers equal to one-prompt decoding
+(greedy and seeded sampling), resume, the OpenAI-endpoint path against `anchorspec serve`, CLI errors.
 
 A tiny random Llama (vocab 96) with a word-level ChatML tokenizer, saved to a directory; float64 so
-greedy answers have no near ties and batched (left-padded) decoding must match one-prompt decoding.
+greedy answers have no near ties and batched decoding must match one-prompt decoding token for token.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
 from anchorspec import cli
-from anchorspec.data.regenerate import PromptItem, _batches, done_ids, read_prompt_items, regenerate
+from anchorspec.data.regenerate import (AnswerRequest, ContinuousBatcher, PromptItem, done_ids, length_groups,
+                                        prompt_seed,
+                                        read_prompt_items, regenerate, regenerate_endpoint)
 from anchorspec.decode.engine import GenerationConfig, generate_vanilla
+from anchorspec.decode.round import BatchDecoder
+from anchorspec.decode.sampling import SamplingParams
 from anchorspec.errors import AnchorspecError
 from anchorspec.models.target import load_target
 
@@ -138,18 +150,20 @@ def target_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(target_dir):
-    t = load_target(str(target_dir), "float64")
-    t.tokenizer.padding_side = "left"
-    return t
+    return load_target(str(target_dir), "float64")
 
 
 @pytest.fixture(scope="module")
 def items():
+    """20 prompts of different lengths: some with a system prompt, some multi-turn (an earlier
+    user/assistant exchange before the user turn to answer)."""
     out = []
     for i, conv in enumerate(tiny_conversations(20, seed=1)):
         msgs = conv[:1]
         if i % 5 == 2:
             msgs = [{"role": "system", "content": "w1 w2 w3"}] + msgs
+        if i % 7 == 3:
+            msgs = conv + [{"role": "user", "content": f"w{i} w{i + 1}"}]
         out.append(PromptItem(f"src:{i}", msgs))
     return out
 
@@ -159,11 +173,12 @@ def prompt_ids(target, item) -> list[int]:
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
-def reference(target, item) -> tuple[str, str, int]:
-    """(reply, finish, new_tokens) of plain greedy decoding of the single unpadded prompt."""
+def solo(target, item, sampling=SamplingParams(), seed=None, max_new=MAX_NEW) -> tuple[str, str, int]:
+    """(reply, finish, new_tokens) of plain decoding of the single prompt, alone."""
     eos = target.tokenizer.eos_token_id
     res = generate_vanilla(target, torch.tensor(prompt_ids(target, item)),
-                           GenerationConfig(max_new_tokens=MAX_NEW, stop_token_ids=(eos,)))
+                           GenerationConfig(max_new_tokens=max_new, sampling=sampling, seed=seed,
+                                            stop_token_ids=(eos,)))
     toks = res.token_ids[:-1] if res.finish_reason == "stop" else res.token_ids
     return target.tokenizer.decode(toks, skip_special_tokens=True), res.finish_reason, len(toks)
 
@@ -174,43 +189,120 @@ def read_records(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def expected(target, items):
-    return {it.id: reference(target, it) for it in items}
+    return {it.id: solo(target, it) for it in items}
 
 
-def test_batches_mix_lengths(target, items):
-    """Precondition of the padding test: batches of 4 hold prompts of different lengths."""
-    lengths = [len(prompt_ids(target, it)) for it in items]
-    batches = list(_batches(lengths, 4, 16384))
-    assert sorted(i for b in batches for i in b) == list(range(len(items)))
-    assert any(len({lengths[i] for i in b}) > 1 for b in batches)
-
-
-def test_greedy_answers_equal_plain_decoding(target, items, expected, tmp_path):
-    out = tmp_path / "regen.jsonl"
-    report = regenerate(target.model, target.tokenizer, items, out, max_new_tokens=MAX_NEW, batch_size=4,
-                        progress=False)
-    assert report["answered"] == len(items) and report["skipped_done"] == 0
-    recs = read_records(out)
-    assert sorted(r["id"] for r in recs) == sorted(it.id for it in items)  # every prompt exactly once
+def check_records(recs, items, expected):
+    """Every item answered exactly once, each record equal to the expected (reply, finish, new_tokens)."""
+    assert sorted(r["id"] for r in recs) == sorted(it.id for it in items)
     by_id = {it.id: it for it in items}
-    finishes = set()
     for r in recs:
         assert set(r) == {"id", "messages", "finish", "new_tokens"}
         reply, finish, n = expected[r["id"]]
         assert r["messages"][:-1] == by_id[r["id"]].messages
         assert r["messages"][-1] == {"role": "assistant", "content": reply}, r["id"]
         assert (r["finish"], r["new_tokens"]) == (finish, n), r["id"]
-        finishes.add(r["finish"])
-    assert finishes == {"stop", "length"}  # both endings were exercised
+
+
+@pytest.fixture
+def round_spy(monkeypatch):
+    """Records (prefills, rows in the batched forward) of every BatchDecoder round."""
+    rounds = []
+    real = BatchDecoder.round
+
+    def spy(self, items):
+        result = real(self, items)
+        rounds.append((result.prefills, result.rows))
+        return result
+
+    monkeypatch.setattr(BatchDecoder, "round", spy)
+    return rounds
+
+
+def test_greedy_answers_equal_plain_decoding(target, items, expected, tmp_path, round_spy):
+    lengths = {len(prompt_ids(target, it)) for it in items}
+    assert len(lengths) > 5  # precondition: prompts of many lengths
+    out = tmp_path / "regen.jsonl"
+    report = regenerate(target, items, out, max_new_tokens=MAX_NEW, batch_size=4, progress=False)
+    assert report["answered"] == len(items) and report["skipped_done"] == 0
+    recs = read_records(out)
+    check_records(recs, items, expected)
+    assert {r["finish"] for r in recs} == {"stop", "length"}  # both endings were exercised
     assert report["new_tokens"] == sum(r["new_tokens"] for r in recs)
+    # Continuous batching: never more than 4 rows; new prompts prefilled while others were decoding
+    # (a finished row replaced mid-way), not only at the start.
+    assert max(rows for _, rows in round_spy) == 4
+    assert sum(prefills for prefills, _ in round_spy) == len(items)
+    assert sum(1 for prefills, rows in round_spy if prefills and rows) >= 3
+    # Fewer rounds than one prompt at a time would need (prefill + MAX_NEW - 1 steps each at most).
+    assert len(round_spy) < sum(r["new_tokens"] for r in recs) / 2
+
+
+def test_length_groups_split_only_when_padding_costs_more_than_a_forward():
+    lengths = [1300, 40, 870, 35, 30, 550]
+    groups = length_groups(lengths, split_keys=1000)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert [sorted(lengths[i] for i in g) for g in groups] == [[550, 870, 1300], [30, 35, 40]]
+    assert length_groups(lengths, split_keys=10**6) == [[0, 2, 5, 1, 3, 4]]  # one forward: longest first
+    assert len(length_groups(lengths, split_keys=0)) == len(set(lengths))  # free forwards: no padding at all
+    assert length_groups([]) == []
+
+
+def test_split_rounds_equal_plain_decoding(target, items, expected, tmp_path, round_spy):
+    """Rows of a round in several forwards (split_keys=1: any padding is worth a forward) give the same answers."""
+    out = tmp_path / "split.jsonl"
+    regenerate(target, items, out, max_new_tokens=MAX_NEW, batch_size=6, split_keys=1, progress=False)
+    check_records(read_records(out), items, expected)
+    assert any(0 < rows < 6 for _, rows in round_spy)  # the forwards really were split
+
+
+def test_sampled_answers_are_seeded_per_prompt(target, items, tmp_path):
+    sampled = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.9, progress=False)
+    a, b, c, d = (tmp_path / f"{n}.jsonl" for n in "abcd")
+    regenerate(target, items, a, batch_size=4, seed=5, **sampled)
+    regenerate(target, items, b, batch_size=4, seed=5, **sampled)
+    regenerate(target, items, c, batch_size=4, seed=6, **sampled)
+    regenerate(target, items, d, batch_size=7, seed=5, **sampled)  # other batches, same seeds per prompt
+    assert a.read_text() == b.read_text()  # a rerun reproduces the file byte for byte
+    by_id = {name: {r["id"]: r for r in read_records(path)} for name, path in zip("acd", (a, c, d))}
+    assert by_id["a"] == by_id["d"]
+    differ = sum(by_id["a"][k]["messages"][-1] != by_id["c"][k]["messages"][-1] for k in by_id["a"])
+    assert differ >= len(items) // 2  # another seed, other answers
+    # Each answer is the one-prompt sampled run with that prompt's seed (float64: no rounding differences).
+    params = SamplingParams(1.0, 0.9)
+    check_records(list(by_id["a"].values()), items,
+                  {it.id: solo(target, it, params, prompt_seed(5, it.id)) for it in items})
+    greedy = {it.id: solo(target, it) for it in items}
+    assert sum(by_id["a"][k]["messages"][-1]["content"] != greedy[k][0] for k in greedy) >= len(items) // 2
+
+
+def test_next_turn_added_while_running(target, items):
+    """A caller can queue a conversation's next turn once its reply is known (turn-by-turn regeneration)."""
+    tok = target.tokenizer
+    batcher = ContinuousBatcher(target, batch_size=3, max_new_tokens=6, stop_token_ids=(tok.eos_token_id,))
+    for it in items[:5]:
+        batcher.add(AnswerRequest(it, prompt_ids(target, it)))
+    replies, follow_ups = {}, {}
+    for request, res in batcher.run():
+        it = request.key
+        toks = res.token_ids[:-1] if res.finish_reason == "stop" else res.token_ids
+        replies[it.id] = tok.decode(toks, skip_special_tokens=True)
+        if not it.id.endswith("/2"):
+            nxt = PromptItem(it.id + "/2", it.messages + [{"role": "assistant", "content": replies[it.id]},
+                                                          {"role": "user", "content": "w7 w8"}])
+            batcher.add(AnswerRequest(nxt, prompt_ids(target, nxt)))
+            follow_ups[nxt.id] = nxt
+    assert len(replies) == 10
+    for it in items[:5] + list(follow_ups.values()):
+        assert replies[it.id] == solo(target, it, max_new=6)[0], it.id
 
 
 def test_rerun_skips_done_and_partial_line_is_redone(target, items, expected, tmp_path):
     out = tmp_path / "regen.jsonl"
     kw = dict(max_new_tokens=MAX_NEW, batch_size=8, progress=False)
-    regenerate(target.model, target.tokenizer, items, out, **kw)
+    regenerate(target, items, out, **kw)
     first = out.read_text()
-    again = regenerate(target.model, target.tokenizer, items, out, **kw)
+    again = regenerate(target, items, out, **kw)
     assert again["answered"] == 0 and again["skipped_done"] == len(items)
     assert out.read_text() == first
 
@@ -221,7 +313,7 @@ def test_rerun_skips_done_and_partial_line_is_redone(target, items, expected, tm
     assert done_ids(out) == {json.loads(x)["id"] for x in lines[:-1]}
     assert out.read_text() == "".join(lines[:-1])  # the partial tail was cut off
     out.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
-    redo = regenerate(target.model, target.tokenizer, items, out, **kw)
+    redo = regenerate(target, items, out, **kw)
     assert redo["answered"] == 1 and redo["skipped_done"] == len(items) - 1
     recs = read_records(out)  # every line is whole JSON again
     assert sorted(r["id"] for r in recs) == sorted(it.id for it in items)
@@ -234,7 +326,7 @@ def test_foreign_output_file_raises(target, items, tmp_path, content):
     out = tmp_path / "other.jsonl"
     out.write_text(content)
     with pytest.raises(AnchorspecError, match=r"other\.jsonl:1: not a regenerate record"):
-        regenerate(target.model, target.tokenizer, items, out, max_new_tokens=2, progress=False)
+        regenerate(target, items, out, max_new_tokens=2, progress=False)
     assert out.read_text() == content  # nothing appended
 
 
@@ -242,11 +334,140 @@ def test_too_long_prompts_are_skipped(target, items, tmp_path):
     lengths = {it.id: len(prompt_ids(target, it)) for it in items}
     cap = sorted(lengths.values())[len(items) // 2]
     out = tmp_path / "short.jsonl"
-    rep = regenerate(target.model, target.tokenizer, items, out, max_new_tokens=2, max_prompt_tokens=cap,
+    rep = regenerate(target, items, out, max_new_tokens=2, max_prompt_tokens=cap,
                      progress=False)
     kept = {i for i, n in lengths.items() if n <= cap}
     assert rep["skipped_too_long"] == len(items) - len(kept) > 0
     assert {r["id"] for r in read_records(out)} == kept
+
+
+# --------------------------------------------------------------------------------------------
+# regenerate_endpoint: an OpenAI-compatible server
+# --------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(target_dir):
+    """`anchorspec serve` of the tiny target as a subprocess on a loopback port (plain decoding)."""
+    pytest.importorskip("uvicorn")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "anchorspec", "serve", "--target", str(target_dir), "--dtype",
+                             "float64", "--threads", "1", "--host", "127.0.0.1", "--port", str(port), "--api-key",
+                             "k3y", "--max-running", "3", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"anchorspec serve did not start: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_endpoint_answers_equal_local_greedy(served, items, expected, tmp_path):
+    out = tmp_path / "remote.jsonl"
+    report = regenerate_endpoint(served, items, out, concurrency=3, api_key="k3y", max_new_tokens=MAX_NEW,
+                                 progress=False)
+    assert report["answered"] == len(items)
+    recs = read_records(out)
+    check_records(recs, items, expected)
+    assert {r["finish"] for r in recs} == {"stop", "length"}
+    # resumable as the local engine: a second run has nothing to do
+    again = regenerate_endpoint(served + "/v1", items, out, concurrency=3, api_key="k3y", max_new_tokens=MAX_NEW,
+                                progress=False)
+    assert again["answered"] == 0 and again["skipped_done"] == len(items)
+
+
+def test_endpoint_sampled_equals_local_sampled(served, target, items, tmp_path):
+    """temperature, top_p and the per-prompt seed reach the server: its answers are the local engine's."""
+    kw = dict(max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.9, seed=11, progress=False)
+    regenerate_endpoint(served + "/v1/chat/completions", items[:8], tmp_path / "r.jsonl", concurrency=4,
+                        api_key="k3y", **kw)
+    regenerate(target, items[:8], tmp_path / "l.jsonl", batch_size=4, **kw)
+    assert sorted(read_records(tmp_path / "r.jsonl"), key=lambda r: r["id"]) == \
+        sorted(read_records(tmp_path / "l.jsonl"), key=lambda r: r["id"])
+
+
+def test_endpoint_wrong_key_is_one_error(served, items, tmp_path):
+    with pytest.raises(AnchorspecError, match="HTTP 401"):
+        regenerate_endpoint(served, items, tmp_path / "x.jsonl", api_key="wrong", progress=False)
+
+
+class FlakyServer(http.server.ThreadingHTTPServer):
+    """A loopback OpenAI-style server that fails the first `failures` chat requests with 503."""
+
+    def __init__(self, failures: int):
+        self.failures, self.calls, self.bodies = failures, 0, []
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def reply(self, code, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self.reply(200, {"object": "list", "data": [{"id": "flaky-model", "object": "model"}]})
+
+            def do_POST(inner):
+                body = json.loads(inner.rfile.read(int(inner.headers["Content-Length"])))
+                with lock:
+                    self.calls += 1
+                    failing = self.calls <= self.failures
+                    self.bodies.append(body)
+                if failing:
+                    return inner.reply(503, {"error": {"message": "busy"}})
+                text = "echo " + body["messages"][-1]["content"]
+                inner.reply(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                               "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}})
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_endpoint_retries_transient_errors_and_passes_settings(items, tmp_path):
+    server = FlakyServer(failures=3)
+    try:
+        out = tmp_path / "flaky.jsonl"
+        report = regenerate_endpoint(server.url, items[:4], out, concurrency=2, max_new_tokens=7, temperature=0.5,
+                                     top_p=0.8, seed=3, backoff_s=0.01, progress=False)
+        assert report["answered"] == 4 and server.calls == 4 + 3
+        recs = {r["id"]: r for r in read_records(out)}
+        for it in items[:4]:
+            assert recs[it.id]["messages"][-1]["content"] == "echo " + it.messages[-1]["content"]
+            assert (recs[it.id]["finish"], recs[it.id]["new_tokens"]) == ("stop", 4)  # 5 less the end-of-turn token
+        sent = {json.dumps(b["messages"]): b for b in server.bodies}
+        for it in items[:4]:
+            body = sent[json.dumps(it.messages)]
+            assert (body["model"], body["max_tokens"], body["temperature"], body["top_p"]) == ("flaky-model", 7, 0.5, 0.8)
+            assert body["seed"] == prompt_seed(3, it.id)
+        # a server that stays down: the job stops with one error after the retries, keeping what it wrote
+        server.failures = 10**6
+        with pytest.raises(AnchorspecError, match=r"HTTP 503.*gave up after 2 retries"):
+            regenerate_endpoint(server.url, items[4:6], out, retries=2, backoff_s=0.01, progress=False)
+        assert len(read_records(out)) == 4
+    finally:
+        server.shutdown()
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,10 +512,9 @@ def test_cli_bad_args_exit_2_one_line(capsys, tmp_path, target_dir, prompts_file
 
 
 def test_cli_argparse_error_is_one_line(capsys, target_dir, prompts_file):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["regenerate", "--target", str(target_dir), "--data", str(prompts_file), "--out", "x.jsonl",
-                  "--batch-size", "many"])
-    assert exc.value.code == 2
+    code = cli.main(["regenerate", "--target", str(target_dir), "--data", str(prompts_file), "--out", "x.jsonl",
+                     "--batch-size", "many"])
+    assert code == 2  # main() returns the exit code of an argparse error too
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
@@ -307,13 +527,37 @@ def test_cli_matches_api(capsys, tmp_path, target_dir, prompts_file):
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["answered"] == 4 and summary["out"] == str(out)
     t = load_target(str(target_dir), "float32")
-    t.tokenizer.padding_side = "left"
     items = read_prompt_items(str(prompts_file), limit=4, seed=7)
     ref = tmp_path / "api.jsonl"
-    regenerate(t.model, t.tokenizer, items, ref, max_new_tokens=6, batch_size=3, seed=7, progress=False)
+    regenerate(t, items, ref, max_new_tokens=6, batch_size=3, seed=7, progress=False)
     assert sorted(out.read_text().splitlines()) == sorted(ref.read_text().splitlines())
     # A second CLI run has nothing left to do.
     code, stdout, _ = run_cli(capsys, "--target", target_dir, "--data", prompts_file, "--out", out,
                               "--dtype", "float32", "--max-new-tokens", 6, "--batch-size", 3,
                               "--limit-per-source", 4, "--seed", 7, "--threads", 1)
     assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == 0
+
+
+@pytest.mark.parametrize("case", ["not-http", "nobody-listens", "no-target-no-endpoint"])
+def test_cli_endpoint_errors_exit_2_one_line(capsys, tmp_path, prompts_file, case):
+    endpoint = {"not-http": ["--endpoint", "localhost:8000/v1"],
+                "nobody-listens": ["--endpoint", f"http://127.0.0.1:{free_port()}/v1"],
+                "no-target-no-endpoint": []}[case]
+    code, stdout, err = run_cli(capsys, "--data", prompts_file, "--out", tmp_path / "o.jsonl", *endpoint)
+    assert code == 2 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("anchorspec: error:"), err
+    assert {"not-http": "not an http(s) URL", "nobody-listens": "cannot reach",
+            "no-target-no-endpoint": "--endpoint"}[case] in lines[0]
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_endpoint_matches_local(capsys, tmp_path, served, target, prompts_file):
+    out = tmp_path / "cli-remote.jsonl"
+    code, stdout, _ = run_cli(capsys, "--endpoint", served, "--concurrency", 2, "--api-key", "k3y", "--data",
+                              prompts_file, "--out", out, "--max-new-tokens", 6, "--limit-per-source", 4, "--seed", 7)
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == 4
+    ref = tmp_path / "local.jsonl"
+    regenerate(target, read_prompt_items(str(prompts_file), limit=4, seed=7), ref, max_new_tokens=6, seed=7,
+               progress=False)
+    assert sorted(out.read_text().splitlines()) == sorted(ref.read_text().splitlines())

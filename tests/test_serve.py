@@ -23,13 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from safetensors import safe_open  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
-from anchorspec.api import load  # noqa: E402
+from anchorspec.api import DEFAULT_TREE, load  # noqa: E402
 from anchorspec.cli import main  # noqa: E402
 from anchorspec.decode.engine import StepReport  # noqa: E402
 from anchorspec.models.drafter import init_drafter, load_drafter, save_drafter  # noqa: E402
 from anchorspec.models.export import export_drafter  # noqa: E402
 from anchorspec.serve.app import create_app  # noqa: E402
-from anchorspec.serve.monitor import DriftMonitor  # noqa: E402
+from anchorspec.decode.fallback import DriftMonitor  # noqa: E402
 from anchorspec.serve.scheduler import Scheduler  # noqa: E402
 from helpers import CHAT_WORDS, save_tiny_chat_target  # noqa: E402
 
@@ -85,7 +85,8 @@ def dirs(tmp_path_factory, one_thread):
 @pytest.fixture(scope="module")
 def reference(dirs):
     """Solo Engine.generate outputs (a separate engine: the servers' models stay on their worker)."""
-    spec = load(dirs["target"], dirs["drafter"], dtype="float64", threads=1)
+    # the server's shape, speculating at every step (its monitor is off too): the same steps
+    spec = load(dirs["target"], dirs["drafter"], dtype="float64", threads=1, shape=DEFAULT_TREE, fallback=False)
     plain = load(dirs["target"], dtype="float64", threads=1)
     out = {}
     for p in PROMPTS:
@@ -467,7 +468,7 @@ def test_monitor_threshold_rises_with_load():
 
 
 def test_cost_curve():
-    from anchorspec.serve.monitor import CostCurve
+    from anchorspec.decode.fallback import CostCurve
 
     curve = CostCurve(0.1)
     assert curve(3) is None

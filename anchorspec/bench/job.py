@@ -44,6 +44,7 @@ class BenchSpec:
     out: str = "bench-out"
     resume: bool = False
     progress: bool = True
+    fallback: bool = True  # drafters step plain where the measured break-even says drafting does not pay
 
     def check(self) -> None:
         unknown = [b for b in self.baselines if b not in BASELINES]
@@ -113,7 +114,8 @@ def run_bench(spec: BenchSpec) -> dict:
         methods.append(HFGenerate(target, stop, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     if "vanilla" in spec.baselines:
         methods.append(Loop("vanilla", target, stop))
-    methods += [Loop(name, target, stop, drafter, shape, adaptive) for name, drafter, shape, adaptive in drafters]
+    methods += [Loop(name, target, stop, drafter, shape, adaptive, fallback=spec.fallback)
+                for name, drafter, shape, adaptive in drafters]
     settings = {"target": spec.target, "dtype": spec.dtype, "workloads": workloads, "limit": spec.limit,
                 "drafters": [[name, entry, [s.top_k, s.depth, s.total_tokens], adaptive]
                              for (name, entry), (_, _, s, adaptive) in zip(spec.drafters, drafters)]}

@@ -4,7 +4,9 @@
   hf_lookup     Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`)
   vanilla       the project's own plain loop (generate_vanilla)
   <drafter>     the project's speculative loop with an EAGLE drafter and a draft shape (fixed, or
-                adapted during the generation: decode/adaptive.py)
+                adapted during the generation: decode/adaptive.py), falling back to plain steps
+                while speculation does not pay, as `generate` does (decode/fallback.py; its
+                calibration runs in the untimed warm-up)
 
 All share one target model. Every method stops at the same stop tokens and counts a stop token it
 emits as a new token, so tokens/s compare like with like.
@@ -20,6 +22,7 @@ import torch
 from ..api import attach_drafter
 from ..decode.adaptive import AdaptiveDepth
 from ..decode.engine import GenerationConfig, generate_speculative, generate_vanilla
+from ..decode.fallback import StreamMonitor
 from ..decode.propose import EagleProposer
 from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
@@ -79,10 +82,12 @@ class Loop(Method):
     """The project's loops: plain (drafter None) or speculative with `shape`."""
 
     def __init__(self, name: str, target: Target, stop_ids: tuple[int, ...], drafter: Eagle3Drafter | None = None,
-                 shape: TreeShape | None = None, adaptive: bool = False):
+                 shape: TreeShape | None = None, adaptive: bool = False, fallback: bool = True):
         self.name, self.target, self.stop_ids = name, target, tuple(stop_ids)
         self.drafter, self.shape, self.adaptive = drafter, shape, adaptive
         self.proposer = EagleProposer(drafter) if drafter is not None else None
+        # learns across the run's prompts; off: the drafter's own tau at every step (comparing drafters)
+        self.fallback = StreamMonitor() if drafter is not None and fallback else None
         self.kind = "drafter" if drafter is not None else "loop"
 
     def _generate(self, ids, max_new, temperature, seed):
@@ -93,5 +98,5 @@ class Loop(Method):
             return res.token_ids, None
         attach_drafter(self.target, self.drafter)  # drafters may differ in aux layers: set them per call
         shape = AdaptiveDepth(self.shape) if self.adaptive else self.shape  # a fresh controller per generation
-        res = generate_speculative(self.target, self.proposer, ids, cfg, shape)
+        res = generate_speculative(self.target, self.proposer, ids, cfg, shape, self.fallback)
         return res.token_ids, res.stats

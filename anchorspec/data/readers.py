@@ -40,9 +40,15 @@ def _line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL text. Only "\n" ends a line: `str.splitlines` also splits at U+2028, U+0085
+    and other characters that `json.dumps(..., ensure_ascii=False)` leaves raw inside strings."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def jsonl_rows(path, text: str | None = None) -> Iterator[tuple[int, object]]:
     """(line number, decoded value) for each non-blank line."""
-    for n, line in enumerate((_read_text(path) if text is None else text).splitlines(), 1):
+    for n, line in enumerate(jsonl_lines(_read_text(path) if text is None else text), 1):
         if not line.strip():
             continue
         try:

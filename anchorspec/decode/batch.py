@@ -30,6 +30,7 @@ import torch
 from ..errors import AnchorspecError
 from ..models.drafter import additive_mask
 from ..models.target import Target
+from .kv import filled_full_attention
 from .tree import DraftTree
 
 
@@ -85,10 +86,7 @@ class BatchKV:
     @staticmethod
     def accepts(cache) -> bool:
         """Whether `cache` is a filled DynamicCache of full-attention layers only (what a slot holds)."""
-        from transformers.cache_utils import DynamicLayer
-
-        layers = list(getattr(cache, "layers", []))
-        return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+        return filled_full_attention(cache)
 
     @torch.inference_mode()
     def attach(self, cache) -> KVSlot:
@@ -229,8 +227,8 @@ class _ForwardCache:
         out = []
         for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
             buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)
-            view = buf[:self.batch] if self.dense else buf.index_select(0, self.index)
-            out.append(view[:, :, :self.kv_len])
+            rows = buf[:, :, :self.kv_len]  # cut to kv_len first: a gather then copies only these rows
+            out.append(rows[:self.batch] if self.dense else rows.index_select(0, self.index))
         return out[0], out[1]
 
 

@@ -28,7 +28,8 @@ from ..models.target import Target
 from .adaptive import AdaptiveDepth
 from .batch import KVSlot
 from .drafting import Program, finished, run_program
-from .kv import commit_path
+from .fallback import StreamMonitor
+from .kv import StaticKV, commit_path, filled_full_attention
 from .propose import Proposer
 from .sampling import SamplingParams, pick_token, probs_from_logits
 from .tree import DraftTree, TreeShape, tree_attention_mask, tree_position_ids
@@ -113,13 +114,18 @@ class StepReport:
     kind: str  # "prefill", "speculative" (a draft was verified) or "plain" (one token, no draft)
     drafted: int = 0
     accepted: int = 0
+    depth: int = 0  # levels of the verified draft
     draft_s: float = 0.0
     verify_s: float = 0.0  # the target forward of this step (for plain steps: the whole step)
 
 
+STATIC_SLACK = 64  # rows a solo StaticKV holds beyond prompt + budget (a verified tree's extra rows)
+
+
 class _Decoding:
     """Shared state of a step-able generation: prompt check, output, stats, wall clock, and the
-    target KV cache: a DynamicCache of its own, or a slot of a BatchKV once attached to a batch."""
+    target KV cache: a DynamicCache for the prefill, then a StaticKV of its own when it steps alone,
+    or a slot of a BatchKV once attached to a batch."""
 
     def __init__(self, target: Target, prompt_ids, cfg: GenerationConfig):
         self.target, self.cfg = target, cfg
@@ -161,7 +167,7 @@ class _Decoding:
     def _commit(self, keep: list[int], written: int) -> None:
         """Keep tree rows `keep` (of the `written` after the committed prefix), in whichever cache
         this sequence uses."""
-        if self.batched:
+        if isinstance(self.cache, (KVSlot, StaticKV)):
             self.cache.commit(self.committed, keep)
         elif keep != list(range(written)):  # else nothing to move or drop (e.g. a plain step)
             commit_path(self.cache, self.committed, keep)
@@ -198,9 +204,12 @@ class _Decoding:
         raise NotImplementedError
 
     def _solo_step(self, *args) -> StepReport:
-        """prepare + a batch-1 forward on this sequence's own DynamicCache + finish."""
+        """prepare + a batch-1 forward on this sequence's own cache (a StaticKV after the prefill) + finish."""
         if self.batched:
             raise AnchorspecError("this sequence is attached to a batch: step it with its BatchDecoder")
+        if not isinstance(self.cache, StaticKV) and filled_full_attention(self.cache):
+            # in-place writes from now on; a sliding-window cache stays a DynamicCache
+            self.cache = StaticKV(self.cache, self.committed + self.out.remaining + STATIC_SLACK)
         tree = self.prepare(*args)
         t = time.perf_counter()
         out = self._solo_forward(tree)
@@ -312,9 +321,32 @@ class SpeculativeDecoding(_Decoding):
         return super().slots() + ([proposer_cache] if isinstance(proposer_cache, KVSlot) else [])
 
     def _solo_forward(self, tree: DraftTree):
+        # one token sees the whole cache: no mask (a plain step costs what PlainDecoding's does)
+        mask = tree_attention_mask(tree, self.committed, self.target.dtype) if tree.size > 1 else None
         return self.target.forward(tree.tokens, tree_position_ids(tree, self.committed), self.cache,
-                                   attention_mask=tree_attention_mask(tree, self.committed, self.target.dtype),
-                                   capture_aux=True)
+                                   attention_mask=mask, capture_aux=True)
+
+    def run(self, fallback: StreamMonitor | None = None) -> GenerationResult:
+        """To the end; with `fallback`, steps go plain while it says speculation does not pay
+        (decode/fallback.py), and its costs and acceptance learn from every step."""
+        if fallback is None or not fallback.enabled:
+            return super().run()
+        if not fallback.calibrated and fallback.fixed_threshold is None:
+            fallback.calibrate(self.target, self.proposer)  # leaves the proposer reset
+        state = fallback.start(self.shape)
+        previous = self.step()  # the prefill
+        while not self.finished:
+            fallback.start_round([state])  # a due retry turns speculation back on
+            t = time.perf_counter()
+            report = self.step(state.speculating)
+            step_s = time.perf_counter() - t
+            # after a prefill or plain stretch the drafter first reads those positions' features
+            fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
+                                  report.draft_s, catch_up=previous.kind != "speculative")
+            fallback.record(state, report.kind, report.accepted, len(report.tokens))
+            previous = report
+        self.stats.fallback_switches = state.switches
+        return self.result()
 
     @torch.inference_mode()
     def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
@@ -337,7 +369,8 @@ class SpeculativeDecoding(_Decoding):
         path_aux = aux[verdict.path]
         self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
         if tree.size > 1:
-            return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, draft_s, verify_s)
+            return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
+                              verify_s)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _prefill(self) -> StepReport:
@@ -359,5 +392,7 @@ def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> Gener
 
 
 def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
-                         shape: TreeShape | AdaptiveDepth) -> GenerationResult:
-    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape).run()
+                         shape: TreeShape | AdaptiveDepth, fallback: StreamMonitor | None = None) -> GenerationResult:
+    """`fallback`: the stream's drift monitor (decode/fallback.py), kept across generations so that
+    its costs and acceptance accumulate; None speculates at every step."""
+    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape).run(fallback)

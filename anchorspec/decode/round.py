@@ -23,7 +23,7 @@ fail.
 Timing in each StepReport: draft_s is the drafting the sequence rode in, from its first drafter
 pass to its last (forwards shared with the other drafting sequences); verify_s is the whole batched
 target forward it rode in. The drift monitor prices whole rounds instead (RoundResult: rows, width,
-forward_s, draft_rows, draft_s; serve/monitor.py).
+forward_s, draft_rows, draft_s; decode/fallback.py).
 """
 
 from __future__ import annotations

@@ -169,12 +169,36 @@ def tune(engine, prompts: list[list[int]], new_tokens: int, shapes=CANDIDATES, p
 
 # --- the profile on disk ----------------------------------------------------------------------------
 
+def profile_key(target_dir: str, drafter_dir: str, dtype: torch.dtype) -> dict:
+    """What a profile is specific to: target, drafter, dtype, threads and CPU (costs and acceptance depend on
+    all of them). `tune` stores it in the profile, so `generate` can say why a profile did not match."""
+    return {"target": str(Path(target_dir).resolve()), "drafter": str(Path(drafter_dir).resolve()),
+            "dtype": str(dtype), "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def profile_path(target_dir: str, drafter_dir: str, dtype: torch.dtype) -> Path:
-    """One profile per (target, drafter, dtype, threads, CPU): costs and acceptance depend on all five."""
-    key = "|".join([str(Path(target_dir).resolve()), str(Path(drafter_dir).resolve()), str(dtype),
-                    str(torch.get_num_threads()), platform.machine(), str(os.cpu_count()),
-                    torch.backends.cpu.get_cpu_capability()])
+    """One profile per profile_key."""
+    key = "|".join(str(v) for v in profile_key(target_dir, drafter_dir, dtype).values())
     return cache_home() / "shapes" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+
+
+def profile_miss_reason(target_dir: str, drafter_dir: str, dtype: torch.dtype) -> str:
+    """Why no tuned profile applies: none for this target and drafter, or the settings the existing ones have."""
+    want = profile_key(target_dir, drafter_dir, dtype)
+    others = []
+    for path in sorted((cache_home() / "shapes").glob("*.json")):
+        try:
+            key = json.loads(path.read_text())["meta"]["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if (key.get("target"), key.get("drafter")) == (want["target"], want["drafter"]):
+            others.append(", ".join(f"{name} {str(key.get(name)).removeprefix('torch.')}" for name in want
+                                    if name not in ("target", "drafter") and key.get(name) != want[name]))
+    here = f"dtype {want['dtype'].removeprefix('torch.')}, threads {want['threads']} on this CPU"
+    if not others:
+        return f"no tuned profile for this target and drafter ({here}); `anchorspec tune` makes one"
+    return f"no tuned profile for {here}; this drafter was tuned with: {'; '.join(others)}"
 
 
 def save_profile(path: Path, estimates: list[ShapeEstimate], plain_s: float, context: int, meta: dict) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..atomic import atomic_write
 from ..errors import AnchorspecError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -442,19 +442,8 @@ def save_drafter(drafter: Eagle3Drafter, path: str | os.PathLike, dtype: torch.d
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     cfg = drafter.config.to_dict()
     cfg["torch_dtype"] = str(dtype or drafter.fc.weight.dtype).removeprefix("torch.")
-    _atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt"}))
-    _atomic_write(path / "config.json", lambda f: Path(f).write_text(json.dumps(cfg, indent=2) + "\n"))
-
-
-def _atomic_write(dest: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt"}))
+    atomic_write(path / "config.json", lambda f: Path(f).write_text(json.dumps(cfg, indent=2) + "\n"))
 
 
 def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int | None = None,

@@ -46,8 +46,9 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_write
 from ..errors import AnchorspecError
-from .drafter import Eagle3Drafter, _atomic_write
+from .drafter import Eagle3Drafter
 
 FORMATS = ("vllm", "sglang")
 
@@ -104,6 +105,6 @@ def export_drafter(drafter: Eagle3Drafter, out: str | Path, fmt: str) -> list[st
     out.mkdir(parents=True, exist_ok=True)
     state = export_state(drafter)
     cfg = export_config(drafter, fmt)
-    _atomic_write(out / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt"}))
-    _atomic_write(out / "config.json", lambda f: Path(f).write_text(json.dumps(cfg, indent=2) + "\n"))
+    atomic_write(out / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt"}))
+    atomic_write(out / "config.json", lambda f: Path(f).write_text(json.dumps(cfg, indent=2) + "\n"))
     return warnings

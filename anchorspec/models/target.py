@@ -17,15 +17,8 @@ import torch
 from torch import nn
 
 from ..errors import AnchorspecError
+from .dtype import DTYPES, parse_dtype, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise AnchorspecError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -184,11 +177,11 @@ class Target:
         return TargetOutput(logits=out.logits, aux=self._take_aux())
 
 
-def load_target(target: str, dtype: str | torch.dtype = "float32", aux_layer_ids=None, attn: str = "sdpa") -> Target:
-    """Load a target by directory, alias or hub id."""
+def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=None, attn: str = "sdpa") -> Target:
+    """Load a target by directory, alias or hub id; dtype "auto" is the fast one here (models/dtype.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    torch_dtype = resolve_target_dtype(dtype, target) if isinstance(dtype, str) else dtype
     path = resolve_target(target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -23,12 +23,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import Engine
+from ..decode.fallback import DriftMonitor
 from ..decode.tree import TreeShape
 from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from . import protocol
 from .metrics import ServerMetrics
-from .monitor import DriftMonitor
 from .protocol import APIError, ChatRequest, CompletionRequest
 from .scheduler import Handle, Scheduler
 
@@ -56,8 +56,12 @@ class TextStream:
         return delta
 
 
-def speculative_summary(stats: GenerationStats, enabled: bool, switches: int) -> dict:
-    return {"enabled": enabled, "tau": round(stats.tau, 4), "verify_steps": stats.verify_steps,
+def speculative_summary(stats: GenerationStats, drafter_loaded: bool, switches: int) -> dict:
+    """`enabled`: this request verified at least one draft (a request the drift fallback kept plain did not,
+    even with a drafter loaded); `tau` is None then, as for plain decoding."""
+    speculated = drafter_loaded and stats.verify_steps > 0
+    return {"enabled": speculated, "tau": round(stats.tau, 4) if speculated else None,
+            "verify_steps": stats.verify_steps,
             "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
             "acceptance_per_depth": [round(x, 4) for x in stats.acceptance_per_depth],
             "fallback_switches": switches}

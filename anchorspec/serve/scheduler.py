@@ -16,7 +16,7 @@ A failing sequence gets an error event and is dropped; the others go on.
 
 Drift monitor: each round's costs (padded tokens and time of the batched forward, drafting rows
 and time) feed its cost lines, so the break-even tau it compares each request's rolling tau with
-is the one of the current batch size (serve/monitor.py).
+is the one of the current batch size (decode/fallback.py).
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 from ..api import DEFAULT_TREE, Engine
 from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
+from ..decode.fallback import DriftMonitor, RequestState
 from ..decode.propose import EagleProposer
 from ..decode.round import BatchDecoder, RoundResult
 from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
 from .metrics import ServerMetrics
-from .monitor import DriftMonitor, RequestState
 
 log = logging.getLogger("anchorspec.serve")
 

@@ -78,6 +78,23 @@ def tokenize_conversations(tokenizer, conversations, max_len: int, system: Syste
     return out
 
 
+def keep_fitting(examples, max_len: int, stats: DataStats) -> list[Example]:
+    """Examples given as token ids (a corpus), with the rules of `tokenize_conversations`."""
+    out = []
+    for e in examples:
+        stats.conversations += 1
+        if len(e.input_ids) > max_len:
+            stats.dropped_too_long += 1
+        elif sum(e.loss_mask) == 0:
+            stats.dropped_no_loss += 1
+        else:
+            out.append(Example(list(e.input_ids), list(e.loss_mask)))
+            stats.examples += 1
+            stats.tokens += len(e.input_ids)
+            stats.loss_tokens += sum(e.loss_mask)
+    return out
+
+
 def split_heldout(n: int, fraction: float, seed: int, minimum: int = 1) -> tuple[list[int], list[int]]:
     """(train indices, held-out indices): a seeded random ``fraction`` (at least ``minimum``) held out."""
     if n < 2:

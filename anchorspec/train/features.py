@@ -27,7 +27,7 @@ import torch
 
 from anchorspec.errors import AnchorspecError
 
-from ..models.drafter import _atomic_write
+from ..atomic import atomic_write
 from ..models.target import Target
 from .dataset import Example, collate, epoch_batches
 
@@ -137,11 +137,11 @@ def build_feature_cache(target: Target, examples: list[Example], cache_dir, batc
                    "argmax": torch.cat([rows[i][2] for i in order]),
                    "offsets": torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int64)}
         name = f"shard-{n:05d}.safetensors"
-        _atomic_write(cache_dir / name, lambda f: save_file(tensors, f))
+        atomic_write(cache_dir / name, lambda f: save_file(tensors, f))
         index["shards"].append({"file": name, "first": a, "count": b - a, "tokens": sum(lengths),
                                 "bytes": (cache_dir / name).stat().st_size})
         index["shards"].sort(key=lambda s: s["first"])
-        _atomic_write(index_path, lambda f: Path(f).write_text(json.dumps(index, indent=1) + "\n"))
+        atomic_write(index_path, lambda f: Path(f).write_text(json.dumps(index, indent=1) + "\n"))
     bar.close()
     index["bytes"] = sum(s["bytes"] for s in index["shards"])
     index["tokens"] = sum(s["tokens"] for s in index["shards"])

@@ -33,17 +33,21 @@ from torch import nn
 from anchorspec.errors import AnchorspecError
 
 from ..data.chat import DROP, KEEP
-from ..models.drafter import Eagle3Drafter, _atomic_write, init_drafter, load_drafter, save_drafter
+from ..atomic import atomic_write
+from ..models.drafter import Eagle3Drafter, init_drafter, load_drafter, save_drafter
 from ..models.target import Target, load_target, parse_dtype
-from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, read_conversations, split_heldout, \
-    tokenize_conversations
+from ..data.corpus import is_corpus, read_corpus
+from ..data.readers import jsonl_lines
+from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, keep_fitting, read_conversations, \
+    split_heldout, tokenize_conversations
 from .ttt import ttt_forward
 from .vocab import count_loss_tokens, coverage, select_draft_vocab
 
 # Changing any of these changes the training trajectory, so --resume refuses a different value.
 TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
                      "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
-                     "system", "aux_layers", "epochs", "max_steps", "feature_cache")
+                     "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head")
+DEFAULT_DRAFT_VOCAB = 16384
 
 
 @dataclass
@@ -51,9 +55,11 @@ class TrainConfig:
     target: str
     data: list[str]
     out: str
-    variant: str = "eagle3.1"
+    variant: str | None = "eagle3.1"  # None: the --init-from drafter's, else eagle3.1
     ttt_steps: int = 7
-    draft_vocab_size: int | None = 16384  # capped at the target vocabulary
+    draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB  # capped at the target vocabulary; None: --init-from's
+    init_from: str | None = None  # a drafter directory to continue from (its weights and draft vocabulary)
+    init_head: str = "random"  # random | target: lm_head rows and final norm copied from the target's head
     max_len: int = 2048
     epochs: int | None = None
     max_steps: int | None = None
@@ -80,7 +86,14 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        if self.variant not in ("eagle3", "eagle3.1"):
+        if self.init_head not in ("random", "target"):
+            raise AnchorspecError(f"--init-head must be random or target, got {self.init_head!r}")
+        if self.init_from is not None and self.init_head != "random":
+            raise AnchorspecError("--init-head applies to a new drafter; --init-from keeps the drafter's own head")
+        if self.init_from is None:  # flags left out: a new drafter's defaults
+            self.variant = self.variant or "eagle3.1"
+            self.draft_vocab_size = self.draft_vocab_size or DEFAULT_DRAFT_VOCAB
+        if self.variant is not None and self.variant not in ("eagle3", "eagle3.1"):
             raise AnchorspecError(f"--variant must be eagle3 or eagle3.1, got {self.variant!r}")
         if (self.epochs is None) == (self.max_steps is None):
             raise AnchorspecError("give exactly one of --epochs and --max-steps")
@@ -200,10 +213,16 @@ def prepare_data(cfg: TrainConfig, tokenizer) -> tuple[list[Example], DataStats]
     stats = DataStats()
     examples: list[Example] = []
     for path in cfg.data:
-        convs = read_conversations(path)
         before = stats.examples
-        examples += tokenize_conversations(tokenizer, convs, cfg.max_len, _system_arg(cfg) or KEEP,
-                                           cfg.system_choices if cfg.system == "vary" else None, cfg.seed, stats)
+        if is_corpus(path):  # already rendered token ids (a released corpus): only the length rule applies
+            if cfg.system != "keep":
+                raise AnchorspecError(f"{path} is a corpus of rendered token ids; --system {cfg.system} needs "
+                                      f"conversations (JSONL) to re-render")
+            examples += keep_fitting(read_corpus(path, len(tokenizer)), cfg.max_len, stats)
+        else:
+            convs = read_conversations(path)
+            examples += tokenize_conversations(tokenizer, convs, cfg.max_len, _system_arg(cfg) or KEEP,
+                                               cfg.system_choices if cfg.system == "vary" else None, cfg.seed, stats)
         stats.per_source[path] = stats.examples - before
     if len(examples) < 2:
         raise AnchorspecError(f"only {len(examples)} usable training examples in {cfg.data} "
@@ -254,12 +273,18 @@ class Trainer:
         self.warmup = int(cfg.warmup_ratio * self.total_steps)
 
         V = self.target.vocab_size
-        Vd = min(cfg.draft_vocab_size or V, V)
         counts = count_loss_tokens(((e.input_ids, e.loss_mask) for e in self.train_examples), V)
-        draft_ids = select_draft_vocab(counts, Vd, always_include=stop_ids(self.target))
+        if cfg.init_from:
+            drafter = self._continued_drafter()
+            draft_ids = drafter.draft_to_target
+        else:
+            Vd = min(cfg.draft_vocab_size or V, V)
+            draft_ids = select_draft_vocab(counts, Vd, always_include=stop_ids(self.target))
+            drafter = init_drafter(self.target.config, cfg.variant, Vd, self.target.aux_layer_ids, seed=cfg.seed)
+            drafter.set_vocab_mapping(draft_ids)
+            if cfg.init_head == "target":
+                self._head_from_target(drafter, draft_ids)
         self.vocab_coverage = coverage(counts, draft_ids)
-        drafter = init_drafter(self.target.config, cfg.variant, Vd, self.target.aux_layer_ids, seed=cfg.seed)
-        drafter.set_vocab_mapping(draft_ids)
         # detached: a Parameter assigned to a module attribute would become a drafter parameter (and be saved)
         drafter.to(self.master_dtype).bind_target_embedding(self.target.embed_weight.detach())
         self.drafter = drafter
@@ -276,6 +301,35 @@ class Trainer:
         self.train_seconds = 0.0
         self.train_tokens = 0
         self.eval_prompt_ids = self._eval_prompts()
+
+    def _continued_drafter(self) -> Eagle3Drafter:
+        """The --init-from drafter, checked against the target and the flags that must agree with it."""
+        cfg = self.cfg
+        drafter = load_drafter(cfg.init_from, self.master_dtype)
+        dc = drafter.config
+        if cfg.variant is not None and dc.variant != cfg.variant:
+            raise AnchorspecError(f"--init-from {cfg.init_from} is an {dc.variant} drafter, not --variant {cfg.variant}")
+        cfg.variant = dc.variant
+        if cfg.draft_vocab_size not in (None, dc.draft_vocab_size):
+            raise AnchorspecError(f"--init-from {cfg.init_from} has a draft vocabulary of {dc.draft_vocab_size}, "
+                                  f"not --draft-vocab-size {cfg.draft_vocab_size} (leave the flag out)")
+        if dc.vocab_size != self.target.vocab_size or dc.target_hidden_size != self.target.config.hidden_size:
+            raise AnchorspecError(f"--init-from {cfg.init_from} was made for another target (vocabulary "
+                                  f"{dc.vocab_size}, hidden size {dc.target_hidden_size})")
+        if list(dc.eagle_aux_hidden_state_layer_ids) != list(self.target.aux_layer_ids):
+            raise AnchorspecError(f"--init-from {cfg.init_from} reads aux layers {dc.eagle_aux_hidden_state_layer_ids}, "
+                                  f"the target is set up for {list(self.target.aux_layer_ids)} (--aux-layers)")
+        return drafter
+
+    def _head_from_target(self, drafter: Eagle3Drafter, draft_ids: torch.Tensor) -> None:
+        """Start the drafter's head where the target's is: its output rows for the draft vocabulary and
+        its final norm, so step 0 begins as "the target's head on a hidden state" instead of noise."""
+        head = self.target.model.get_output_embeddings().weight.detach()
+        norm = getattr(getattr(self.target.model, "model", None), "norm", None)
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(head[draft_ids.to(head.device)].to(drafter.lm_head.weight.dtype))
+            if norm is not None and getattr(norm, "weight", None) is not None:
+                drafter.norm.weight.copy_(norm.weight.detach().to(drafter.norm.weight.dtype))
 
     # --- evaluation ---------------------------------------------------------------------------
 
@@ -341,7 +395,7 @@ class Trainer:
         torch.save(self._state(), tmp / "trainer_state.pt")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _atomic_write(self.ckpt_root / "latest", lambda f: Path(f).write_text(name + "\n"))
+        atomic_write(self.ckpt_root / "latest", lambda f: Path(f).write_text(name + "\n"))
         for old in self.ckpt_root.glob("step-*"):
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
@@ -386,13 +440,13 @@ class Trainer:
         if not path.is_file():
             return
         keep = []
-        for line in path.read_text().splitlines():
+        for line in jsonl_lines(path.read_text()):
             try:
                 if json.loads(line)["step"] <= self.step:
                     keep.append(line)
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a line cut off by the crash
-        _atomic_write(path, lambda f: Path(f).write_text("".join(x + "\n" for x in keep)))
+        atomic_write(path, lambda f: Path(f).write_text("".join(x + "\n" for x in keep)))
 
     def _log(self, record: dict) -> None:
         with open(self.out / "metrics.jsonl", "a") as f:
@@ -413,7 +467,7 @@ class Trainer:
                                     "bytes": self.cache_index["bytes"], "shards": len(self.cache_index["shards"])}
         run.update(extra or {})
         self.out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.out / "run.json", lambda f: Path(f).write_text(json.dumps(run, indent=2) + "\n"))
+        atomic_write(self.out / "run.json", lambda f: Path(f).write_text(json.dumps(run, indent=2) + "\n"))
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -475,7 +529,7 @@ class Trainer:
         if self.best["metric"] is None or metric > self.best["metric"]:
             self.best = {"metric": metric, "step": self.step}
             save_drafter(self.drafter, self.out / "best")
-            _atomic_write(self.out / "best" / "best.json",
+            atomic_write(self.out / "best" / "best.json",
                           lambda f: Path(f).write_text(json.dumps({"step": self.step, **ev}) + "\n"))
             return True
         return False

@@ -15,7 +15,8 @@ nearly free, and plain rows padded next to a tree pay for them too.
 forward(tokens) and drafting(rows) are cost curves (CostCurve: moving averages per power-of-two
 bucket of the work, interpolated) learned from every round the scheduler reports (`observe_round`:
 padded tokens and wall time of the batched forward, drafting rows and wall time), seeded by a
-short calibration at start-up at batch 1 and 4. B is the row count of the latest round; W the width of the latest drafting round.
+short calibration at start-up at batch 1 and 4. B is the row count of the latest round; W the
+width of the latest drafting round.
 A fixed `threshold` overrides tau*.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
@@ -29,12 +30,30 @@ fitting the traffic stops costing every new request its first `min_steps` steps.
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
+
+One stream (`generate`, the Python API, `bench`: StreamMonitor) is the same policy at B = 1, priced
+per step instead of per round: verify(N) is the wall time of a whole step that verifies N tokens
+(N = 1: a plain step; verification, commit and bookkeeping included, since a plain step pays them
+too), draft(d) the drafting of a depth-d draft. They are seeded by a few timed forwards
+(`calibrate`) and learned from every step. The same curves choose the starting draft shape when
+none was tuned or given (`StreamMonitor.choose_shape`): the chain depth whose expected tokens per
+second (acceptance per depth, learned from this process's verified steps, a prior before that)
+beats plain decoding by the most; if none does, the stream starts plain and retries like any other.
 """
+
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+from .shape import verify_cost
+from .tree import TreeShape
 
 
 @dataclass
@@ -174,3 +193,126 @@ class DriftMonitor:
         state.speculating, state.plain_left = False, self.retry_after
         state.switches += 1
         self.switches_off += 1
+
+
+# --- one stream -------------------------------------------------------------------------------------
+
+PRIOR_ACCEPTANCE = 0.5  # per-depth acceptance assumed before any draft was verified (a weak drafter's)
+PRIOR_WEIGHT = 4  # ... worth this many verified drafts at each depth
+MAX_CHAIN = 8  # deepest chain choose_shape considers
+
+
+class StreamMonitor(DriftMonitor):
+    """The drift monitor for one stream at a time (see the module docstring). `verify` and `draft`
+    are the per-step cost curves; `forward` / `drafting` of the round-based parent stay unused."""
+
+    def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
+                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.2):
+        super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing)
+        self.verify, self.draft = CostCurve(smoothing), CostCurve(smoothing)  # seconds per step of N tokens / depth d
+        self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
+        self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted
+        self.accepted: list[int] = []  # ... and whose depth-d token was accepted
+        self.calibrated = False
+
+    # --- costs ----------------------------------------------------------------------------------
+    def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
+                     catch_up: bool = False) -> None:
+        """One step of the stream: `tokens` verified in a step of `step_s` seconds (drafting
+        included), `draft_s` of them drafting a depth-`depth` draft. `catch_up`: the drafter first
+        read the features of a plain stretch, so its time says nothing about a draft's cost."""
+        if kind == "speculative":
+            self.verify.add(tokens, step_s - draft_s)
+            if not catch_up:
+                self.draft.add(depth, draft_s)
+            if self.shape is not None and not self.shape.is_chain:
+                return  # a tree's acceptance per level is not a chain's: choose_shape prices chains
+            while len(self.reached) < depth:
+                self.reached.append(0)
+                self.accepted.append(0)
+            for d in range(1, depth + 1):
+                self.reached[d - 1] += accepted >= d - 1
+                self.accepted[d - 1] += accepted >= d
+        elif kind == "plain":
+            self.verify.add(1, step_s)
+
+    def acceptance(self, depth: int) -> float:
+        """P(the depth-d token is accepted | depth d - 1 was): measured, shrunk toward the prior; a
+        depth never reached takes the deepest measured rate (drafts rarely get better with depth)."""
+        rate = PRIOR_ACCEPTANCE
+        for d in range(1, depth + 1):
+            if d <= len(self.reached):
+                rate = (PRIOR_ACCEPTANCE * PRIOR_WEIGHT + self.accepted[d - 1]) / (PRIOR_WEIGHT + self.reached[d - 1])
+        return rate
+
+    def expected_tau(self, depth: int) -> float:
+        """1 + sum over d of P(the first d drafted tokens are all accepted), for a chain of `depth`."""
+        tau, reach = 1.0, 1.0
+        for d in range(1, depth + 1):
+            reach *= self.acceptance(d)
+            tau += reach
+        return tau
+
+    def speedup(self, shape) -> float | None:
+        """Expected tokens/s of speculating with chain `shape` over plain decoding (None: costs unknown)."""
+        plain, verify, draft = self.verify(1), self.verify(shape.total_tokens), self.draft(shape.depth)
+        if not plain or verify is None or draft is None:
+            return None
+        return self.expected_tau(shape.depth) / (draft + verify) * plain
+
+    def choose_shape(self, max_depth: int = MAX_CHAIN):
+        """The chain with the best expected speedup, and that speedup (below 1: speculation is not
+        expected to pay). Chains only: a tree's acceptance per level depends on its drafter's top-k
+        accuracy, which only `anchorspec tune` measures."""
+        best = max((TreeShape.chain(d) for d in range(1, max_depth + 1)), key=lambda s: self.speedup(s) or 0.0)
+        return best, self.speedup(best)
+
+    def threshold_at(self, rows: int = 1) -> float | None:
+        """tau* = (draft + verify) / plain for the stream's shape (batch 1: `rows` is ignored)."""
+        if self.fixed_threshold is not None:
+            return self.fixed_threshold
+        if self.shape is None:
+            return None
+        plain, verify, draft = self.verify(1), self.verify(self.shape.total_tokens), self.draft(self.shape.depth)
+        if not plain or verify is None or draft is None:
+            return None
+        return (draft + verify) / plain
+
+    def start(self, shape) -> RequestState:
+        """A new generation drafting with `shape`: its per-request state (plain from the start while
+        the recent steps of earlier generations say speculation does not pay)."""
+        self.shape = shape
+        state = self.new_request()
+        expected = self.speedup(shape) if shape.is_chain and not self.recent else None
+        if state.speculating and self.enabled and expected is not None and expected < 1:
+            self._switch_off(state)  # no step measured yet, and the costs say even a good draft would not pay
+        return state
+
+    # --- calibration ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def calibrate(self, target, proposer, context: int = 64, sizes=(2, 4, 8, 16), depths=(1, 4),
+                  repeats: int = 3) -> None:
+        """Seed the curves with a few timed forwards on a dummy context: the target over 1 and
+        `sizes` tokens, and the drafter drafting chains of `depths` (each the median of `repeats`,
+        after one warm-up). Costs learned from real steps replace these as they come."""
+        verify, plain = verify_cost(target, context, list(sizes), repeats=repeats)
+        self.verify.add(1, plain)
+        for n, seconds in verify.items():
+            self.verify.add(n, seconds)
+        updates = (repeats + 1) * len(depths)  # one new position per timed draft, as in decoding
+        ids = torch.arange(context + updates + 1) % target.vocab_size
+        aux = target.forward(ids[:-1], torch.arange(ids.numel() - 1), target.new_cache(), capture_aux=True).aux
+        proposer.reset()
+        proposer.update(ids[:context], aux[:context - 1])
+        fed = context - 1  # positions whose features the proposer has read
+        for depth in depths:
+            samples = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                proposer.update(ids[:fed + 2], aux[fed:fed + 1])
+                proposer.propose(TreeShape.chain(depth), SamplingParams(), None)
+                samples.append(time.perf_counter() - t0)
+                fed += 1
+            self.draft.add(depth, statistics.median(samples[1:]))  # the first is a warm-up
+        proposer.reset()
+        self.calibrated = True

@@ -1,0 +1,191 @@
+"""The compute dtype, and `--dtype auto`: the dtype that is fast on the machine at hand.
+
+CUDA: bfloat16. CPU: it depends on the CPU. With avx512_bf16 or AMX, bf16 matmuls run faster than
+fp32 (half the weight bytes to stream); without them oneDNN emulates bf16 and it can run tens of
+times slower than fp32 (1 against 70 GFLOP/s measured on an AVX2 Zen3). So on a CPU, `auto` times a
+short GEMM probe at the model's own step shapes in both dtypes and takes bf16 only when it is
+clearly faster. The verdict is cached per machine (CPU model and flags, torch version, threads,
+shapes) under $ANCHORSPEC_HOME/dtype/, so the probe runs once, and the choice is printed once per
+process on stderr.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..atomic import atomic_create_text
+from ..errors import AnchorspecError
+from .hub import cache_home
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+AUTO = "auto"
+DTYPE_CHOICES = (AUTO, *DTYPES)  # what every --dtype accepts
+# bf16 must beat fp32 by this margin: a near-tie is not worth bf16's rounding (and run-to-run noise).
+BF16_MARGIN = 0.9
+# Shapes probed when no model config is at hand: SmolLM2-135M's (hidden 576, MLP 1536).
+FALLBACK_SHAPES = (576, 1536)
+PROBE_VERSION = 2  # bump when the probe changes, so old verdicts are not reused
+
+_announced: set[str] = set()
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """A concrete dtype name (not `auto`: see resolve_dtype)."""
+    if name not in DTYPES:
+        raise AnchorspecError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def cpu_description() -> dict:
+    """CPU model name and flags (Linux /proc/cpuinfo; elsewhere what `platform` says, without flags)."""
+    model, flags = "", []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:  # x86 / ARM
+                flags = sorted(value.split())
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine(), "flags": flags}
+
+
+def bf16_hardware(flags: list[str]) -> list[str]:
+    """The CPU flags that give native bf16 matmuls (empty: bf16 is emulated)."""
+    return [f for f in ("avx512_bf16", "amx_bf16", "avx_vnni_bf16", "bf16") if f in flags]
+
+
+def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -> dict[str, float]:
+    """Seconds of one [rows, hidden] x [hidden, intermediate] product in float32 and bfloat16 (the best of
+    `repeats`, the two dtypes taking turns, so a neighbour's burst of work hits both alike). The weights
+    cycle through enough copies (~64 MB in fp32) to spill the caches, as a real decode step streams
+    every layer's weights from memory; a single cache-resident matrix would flatter fp32."""
+    copies = max(1, (64 << 20) // (hidden * intermediate * 4))
+    gen = torch.Generator().manual_seed(0)
+    fp32 = [torch.randn(intermediate, hidden, generator=gen) for _ in range(copies)]
+    x32 = torch.randn(rows, hidden, generator=gen)
+    cases = {"float32": (x32, fp32), "bfloat16": (x32.bfloat16(), [w.bfloat16() for w in fp32])}
+    calls = {}
+    for name, (x, weights) in cases.items():
+        for w in weights:  # warm-up: page in, let oneDNN pick its kernels
+            F.linear(x, w)
+        start = time.perf_counter()
+        F.linear(x, weights[0])
+        calls[name] = max(copies, min(2000, int(0.01 / max(time.perf_counter() - start, 1e-7))))  # ~10 ms a repeat
+    best = {name: float("inf") for name in cases}
+    for _ in range(repeats):
+        for name, (x, weights) in cases.items():
+            start = time.perf_counter()
+            for i in range(calls[name]):
+                F.linear(x, weights[i % copies])
+            best[name] = min(best[name], (time.perf_counter() - start) / calls[name])
+    return best
+
+
+def probe_gemms(hidden: int, intermediate: int) -> dict:
+    """Seconds per GEMM in float32 and bfloat16 at a one-token decode step and a 16-token verify/prefill
+    chunk (rows 1 and 16 of the MLP's up projection), on the current torch thread count."""
+    by_rows = {rows: _gemm_seconds(rows, hidden, intermediate) for rows in (1, 16)}
+    return {name: {str(rows): by_rows[rows][name] for rows in by_rows} for name in ("float32", "bfloat16")}
+
+
+def _probe_key(cpu: dict, hidden: int, intermediate: int) -> dict:
+    return {"cpu": cpu["model"], "flags_sha1": hashlib.sha1(" ".join(cpu["flags"]).encode()).hexdigest()[:16],
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "hidden": hidden,
+            "intermediate": intermediate, "probe": PROBE_VERSION}
+
+
+def probe_cache_path(key: dict) -> Path:
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_home() / "dtype" / f"{digest}.json"
+
+
+def _read_verdict(path: Path, key: dict) -> dict | None:
+    """The cached verdict at `path` if it is whole and for this key; None otherwise (then it is re-measured)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and record.get("key") == key and record.get("choice") in ("float32", "bfloat16")
+    return record if ok else None
+
+
+def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[str, str]:
+    """(dtype name, why) for a CPU: bf16 if the probe (cached per machine) shows it clearly faster."""
+    cpu = cpu_description()
+    key = _probe_key(cpu, hidden, intermediate)
+    path = probe_cache_path(key)
+    record = _read_verdict(path, key)
+    if record is None:
+        damaged = path.exists()
+        seconds = probe(hidden, intermediate)
+        fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
+        record = {"key": key, "seconds": seconds, "bf16_speedup": fp32 / bf16,
+                  "choice": "bfloat16" if bf16 < BF16_MARGIN * fp32 else "float32"}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if damaged:
+                path.unlink(missing_ok=True)
+            if not atomic_create_text(path, json.dumps(record, indent=1) + "\n"):
+                record = _read_verdict(path, key) or record  # probed at once by another process (DDP ranks):
+                # the first verdict written wins, so every rank computes in the same dtype
+        except OSError:
+            pass  # a read-only home only costs a probe next time
+    native = bf16_hardware(cpu["flags"])
+    why = (f"bf16 GEMMs {record['bf16_speedup']:.2f}x the speed of fp32 at this model's step shapes on "
+           f"{cpu['model']} ({', '.join(native) if native else 'no native bf16'}), "
+           f"{key['threads']} thread{'s' if key['threads'] != 1 else ''}; "
+           f"cached in {path}")
+    return record["choice"], why
+
+
+def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None = None,
+                  probe: Callable[[int, int], dict] = probe_gemms, announce: bool = True) -> torch.dtype:
+    """A --dtype value to a torch dtype. `auto`: CUDA -> bfloat16; CPU -> the probe's verdict at
+    `shapes` = (hidden size, MLP intermediate size) of the model (SmolLM2-135M's if None)."""
+    if name != AUTO:
+        return parse_dtype(name)
+    if str(device).startswith("cuda"):
+        choice, why = "bfloat16", "CUDA"
+    else:
+        choice, why = cpu_auto_dtype(*(shapes or FALLBACK_SHAPES), probe=probe)
+    if announce and why not in _announced:
+        _announced.add(why)
+        print(f"anchorspec: --dtype auto chose {choice} ({why})", file=sys.stderr)
+    return DTYPES[choice]
+
+
+def model_shapes(config) -> tuple[int, int] | None:
+    """(hidden size, MLP intermediate size) of a transformers config, if it has both."""
+    hidden = getattr(config, "hidden_size", None)
+    inter = getattr(config, "intermediate_size", None)
+    return (int(hidden), int(inter)) if hidden and inter else None
+
+
+def resolve_target_dtype(name: str, target: str, device: str = "cpu") -> torch.dtype:
+    """resolve_dtype at the shapes of `target` (alias, directory or hub id); its config is read, not the weights."""
+    if name != AUTO or str(device).startswith("cuda"):
+        return resolve_dtype(name, device)
+    from transformers import AutoConfig
+
+    from .hub import resolve_target
+
+    try:
+        shapes = model_shapes(AutoConfig.from_pretrained(resolve_target(target)))
+    except (OSError, ValueError):
+        shapes = None  # the model load that follows reports the real problem
+    return resolve_dtype(name, device, shapes)

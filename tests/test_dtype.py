@@ -1,0 +1,114 @@
+"""`--dtype auto`: the decision, its per-machine cache, and that every command defaults to it (stubbed probe)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from anchorspec.errors import AnchorspecError
+from anchorspec.models import dtype as dt
+
+
+def stub_probe(fp32_s: float, bf16_s: float, calls: list):
+    def probe(hidden, intermediate):
+        calls.append((hidden, intermediate, torch.get_num_threads()))
+        return {"float32": {"1": fp32_s, "16": 2 * fp32_s}, "bfloat16": {"1": bf16_s, "16": 2 * bf16_s}}
+    return probe
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(dt, "_announced", set())
+    return tmp_path
+
+
+def test_faster_bf16_is_chosen(home):
+    calls = []
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 0.5, calls)) == torch.bfloat16
+    assert calls == [(64, 128, torch.get_num_threads())]
+
+
+def test_slower_or_tied_bf16_gives_float32(home):
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 20.0, [])) == torch.float32
+    # within the margin: not worth bf16's rounding
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), stub_probe(1.0, 0.95, [])) == torch.float32
+
+
+def test_cuda_is_bf16_without_probing(home):
+    calls = []
+    assert dt.resolve_dtype("auto", "cuda", (64, 128), stub_probe(1.0, 20.0, calls)) == torch.bfloat16
+    assert dt.resolve_dtype("auto", "cuda:1", None, stub_probe(1.0, 20.0, calls)) == torch.bfloat16
+    assert calls == []
+
+
+def test_explicit_dtype_never_probes(home):
+    calls = []
+    for name, want in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float64", torch.float64)):
+        assert dt.resolve_dtype(name, "cpu", (64, 128), stub_probe(1.0, 0.1, calls)) == want
+    assert calls == []
+    with pytest.raises(AnchorspecError, match="unknown dtype 'fp16'"):
+        dt.resolve_dtype("fp16")
+
+
+def test_cache_hit_does_not_probe_again(home):
+    calls = []
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 0.5, calls)) == torch.bfloat16
+    # a second probe would now say fp32: the cached verdict must win, and the probe must not run
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 20.0, calls)) == torch.bfloat16
+    assert len(calls) == 1
+    files = list((home / "dtype").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["choice"] == "bfloat16"
+
+
+def test_cache_key_changes_with_threads_and_shapes(home):
+    calls = []
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 0.5, calls)) == torch.bfloat16
+        torch.set_num_threads(2)
+        assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 20.0, calls)) == torch.float32
+    finally:
+        torch.set_num_threads(old)
+    assert [c[2] for c in calls] == [1, 2]
+    dt.resolve_dtype("auto", "cpu", (32, 128), stub_probe(1.0, 0.5, calls))
+    assert len(calls) == 3 and len(list((home / "dtype").glob("*.json"))) == 3
+
+
+def test_damaged_cache_is_measured_again(home):
+    calls = []
+    dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 0.5, calls))
+    (cache,) = (home / "dtype").glob("*.json")
+    cache.write_text("{not json")
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 20.0, calls)) == torch.float32
+    assert len(calls) == 2
+
+
+def test_choice_is_announced_once(home, capsys):
+    for _ in range(3):
+        dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 0.5, []))
+    err = capsys.readouterr().err
+    assert err.count("--dtype auto chose bfloat16") == 1, err
+    assert "threads" in err or "thread;" in err
+
+
+def test_real_probe_is_short_and_complete(one_thread):
+    seconds = dt.probe_gemms(64, 256)
+    assert set(seconds) == {"float32", "bfloat16"}
+    assert all(set(v) == {"1", "16"} and all(t > 0 for t in v.values()) for v in seconds.values())
+
+
+def test_concurrent_probes_settle_on_the_first_verdict(home):
+    """Two processes (DDP ranks) probing at once must compute in the same dtype: the first verdict written wins."""
+    def probe_while_another_process_writes(hidden, intermediate):
+        other = {"key": dt._probe_key(dt.cpu_description(), hidden, intermediate), "choice": "float32",
+                 "bf16_speedup": 0.5, "seconds": {}}
+        path = dt.probe_cache_path(other["key"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(other))
+        return {"float32": {"1": 1.0}, "bfloat16": {"1": 0.1}}  # this process alone would pick bf16
+
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), probe_while_another_process_writes) == torch.float32

@@ -1,0 +1,255 @@
+"""The single-stream fallback (decode/fallback.py): plain steps while speculation does not pay.
+
+Lossless while switching (float64, greedy and seeded sampling, random and oracle drafters, a stop
+token inside a draft, the token limit); the monitor switches off when the measured costs say a
+draft cannot pay and retries later, stays on when it pays; the starting shape follows the cost
+curve; and a broken plain step inside the speculative loop is caught (negative control).
+"""
+
+import pytest
+import torch
+
+import anchorspec.decode.engine as engine_module
+from anchorspec.api import Engine
+from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
+from anchorspec.decode.fallback import StreamMonitor
+from anchorspec.decode.propose import EagleProposer
+from anchorspec.decode.sampling import SamplingParams
+from anchorspec.decode.tree import TreeShape
+from helpers import OracleProposer, tiny_target
+from test_lossless import prompts, random_drafter
+from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
+from test_sampling_e2e import setup  # noqa: F401 (a fixture)
+
+SHAPES = [TreeShape.chain(3), TreeShape(3, 3, 8)]
+
+
+class FrozenCosts(StreamMonitor):
+    """A monitor whose costs are given, not timed: decisions depend on acceptance only, so a test
+    is deterministic. Records the kind of every step it sees."""
+
+    def __init__(self, plain=1.0, verify_per_token=0.0, draft_per_level=0.0, **kwargs):
+        super().__init__(**kwargs)
+        for n in (1, 2, 4, 8, 16, 32):
+            self.verify.add(n, plain + verify_per_token * (n - 1))
+        for d in (1, 2, 4, 8):
+            self.draft.add(d, draft_per_level * d)
+        self.calibrated = True
+        self.kinds: list[str] = []
+
+    def observe_step(self, kind, *args, **kwargs):
+        self.kinds.append(kind)
+
+
+def switching(**kwargs):
+    """Switches as often as possible: off after one step below tau*, a retry every other step."""
+    return FrozenCosts(window=1, min_steps=1, retry_after=1, **kwargs)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("drafter", ["random", "oracle"])
+def test_greedy_lossless_while_switching(shape, drafter):
+    target = tiny_target("llama")
+    proposer = OracleProposer(target) if drafter == "oracle" else EagleProposer(random_drafter(target))
+    # the oracle's tau is depth + 1: only an unreachable break-even makes it switch
+    tau_star = 100.0 if drafter == "oracle" else 1.5
+    cfg = GenerationConfig(max_new_tokens=30)
+    for prompt in prompts():
+        ref = generate_vanilla(target, prompt, cfg).token_ids
+        monitor = switching(threshold=tau_star)
+        res = generate_speculative(target, proposer, prompt, cfg, shape, fallback=monitor)
+        assert res.token_ids == ref
+        assert res.stats.fallback_switches >= 4  # several off/on switches in one generation
+        assert {"speculative", "plain"} <= set(monitor.kinds)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_stop_token_inside_a_draft_while_switching(shape):
+    target = tiny_target("llama")
+    prompt = prompts()[0]
+    free = generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=30)).token_ids
+    for at in (3, 6, 11):  # the stop token lands in different steps, speculative or plain
+        stop = free[at]
+        cfg = GenerationConfig(max_new_tokens=30, stop_token_ids=(stop,))
+        ref = generate_vanilla(target, prompt, cfg)
+        for proposer in (OracleProposer(target), EagleProposer(random_drafter(target))):
+            res = generate_speculative(target, proposer, prompt, cfg, shape, fallback=switching(threshold=100.0))
+            assert res.token_ids == ref.token_ids and res.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5, 9, 14])
+def test_token_limit_while_switching(max_new):
+    target = tiny_target("llama")
+    prompt = prompts()[0]
+    cfg = GenerationConfig(max_new_tokens=max_new)
+    ref = generate_vanilla(target, prompt, cfg).token_ids
+    for shape in SHAPES:
+        res = generate_speculative(target, OracleProposer(target), prompt, cfg, shape,
+                                   fallback=switching(threshold=100.0))
+        assert res.token_ids == ref and res.finish_reason == "length"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_seeded_sampling_with_fixed_break_even_is_reproducible(shape):
+    """With given costs the switches depend on the random draws only, so a seed fixes the output."""
+    target = tiny_target("llama", peaked=1.0)
+    proposer = EagleProposer(random_drafter(target))
+    cfg = GenerationConfig(max_new_tokens=30, sampling=SamplingParams(temperature=1.0, top_p=0.95), seed=3)
+    runs = [generate_speculative(target, proposer, prompts()[0], cfg, shape, fallback=switching(threshold=1.5))
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].stats.fallback_switches >= 2
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(3, 3, 8)], ids=["chain", "tree"])
+def test_sampling_while_switching_matches_target_distribution(setup, shape):  # noqa: F811
+    """Every step, plain or speculative, draws from the target given its prefix; which kind a step
+    is depends only on earlier steps, so the joint distribution of the output is the target's."""
+    target, proposer = setup
+    monitor = switching(threshold=1.5)
+    n = 1200
+    samples = torch.zeros(n, NEW, dtype=torch.long)
+    switches = 0
+    for i in range(n):
+        cfg = GenerationConfig(max_new_tokens=NEW, sampling=PARAMS, seed=20_000 + i)
+        res = generate_speculative(target, proposer, PROMPT, cfg, shape, fallback=monitor)
+        samples[i] = torch.tensor(res.token_ids)
+        switches += res.stats.fallback_switches
+    assert monitor.kinds.count("plain") > n // 4 and monitor.kinds.count("speculative") > n // 4
+    assert switches > n // 2
+    assert worst_p_value(samples, exact_distribution(target)) > 1e-3
+
+
+def test_switches_off_when_costs_say_drafting_cannot_pay_and_retries():
+    target = tiny_target("llama")
+    proposer = EagleProposer(random_drafter(target))
+    # a depth-3 chain needs tau > 1.6 to break even: more than a random drafter reaches, less than
+    # the prior expects (so the generation starts speculating)
+    monitor = FrozenCosts(plain=1.0, verify_per_token=0.15, draft_per_level=0.05, window=4, min_steps=2,
+                          retry_after=5)
+    monitor.shape = TreeShape.chain(3)
+    assert monitor.threshold == pytest.approx(1.6)
+    res = generate_speculative(target, proposer, prompts()[0], GenerationConfig(max_new_tokens=60),
+                               TreeShape.chain(3), fallback=monitor)
+    kinds = monitor.kinds
+    first_plain = kinds.index("plain")
+    assert kinds[:first_plain] == ["speculative"] * 2  # off as soon as the window holds min_steps
+    assert "speculative" in kinds[first_plain:]  # ... and retried later
+    assert monitor.switches_off >= 2 and monitor.switches_on >= 1
+    assert kinds.count("plain") > kinds.count("speculative")
+    assert res.stats.fallback_switches == monitor.switches_off + monitor.switches_on
+
+
+def test_stays_on_when_speculation_pays():
+    """Negative control for the switch: cheap drafts and flat verification, accepted drafts."""
+    target = tiny_target("llama")
+    monitor = FrozenCosts(plain=1.0, verify_per_token=0.01, draft_per_level=0.01, window=4, min_steps=2,
+                          retry_after=5)
+    res = generate_speculative(target, OracleProposer(target), prompts()[0], GenerationConfig(max_new_tokens=40),
+                               TreeShape.chain(3), fallback=monitor)
+    assert res.stats.fallback_switches == 0
+    assert monitor.kinds.count("plain") <= 1  # at most one at the very end, where no room is left to draft
+
+
+def test_new_generation_starts_plain_while_recent_steps_do_not_pay():
+    target = tiny_target("llama")
+    proposer = EagleProposer(random_drafter(target))
+    monitor = FrozenCosts(plain=1.0, verify_per_token=0.15, draft_per_level=0.05, window=4, min_steps=2,
+                          retry_after=50)
+    cfg = GenerationConfig(max_new_tokens=30)
+    generate_speculative(target, proposer, prompts()[0], cfg, TreeShape.chain(3), fallback=monitor)
+    assert monitor.kinds[:2] == ["speculative"] * 2 and monitor.global_tau < monitor.threshold
+    monitor.kinds.clear()
+    second = generate_speculative(target, proposer, prompts()[1], cfg, TreeShape.chain(3), fallback=monitor)
+    assert set(monitor.kinds) == {"plain"}  # the global window says no: not even min_steps drafts
+    assert second.token_ids == generate_vanilla(target, prompts()[1], cfg).token_ids
+
+
+def test_break_even_and_shape_follow_the_cost_curve():
+    flat = FrozenCosts(plain=1.0, verify_per_token=0.01, draft_per_level=0.02)
+    steep = FrozenCosts(plain=1.0, verify_per_token=0.7, draft_per_level=0.02)
+    for m in (flat, steep):  # a drafter that is right 90 % of the time at every depth
+        m.reached, m.accepted = [1000] * 8, [900] * 8
+    deep, deep_speedup = flat.choose_shape()
+    shallow, shallow_speedup = steep.choose_shape()
+    assert deep.is_chain and shallow.is_chain
+    assert deep.depth >= 6 and shallow.depth <= 2 and deep_speedup > shallow_speedup > 1
+    flat.shape = TreeShape.chain(4)
+    assert flat.threshold == pytest.approx((0.08 + 1.04) / 1.0)
+    # with a costly drafter no chain pays, and a generation starts plain
+    costly = FrozenCosts(plain=1.0, verify_per_token=0.3, draft_per_level=1.0)
+    shape, speedup = costly.choose_shape()
+    assert speedup < 1
+    assert not costly.start(shape).speculating
+    assert flat.start(deep).speculating
+
+
+def test_acceptance_is_learned_from_verified_chains():
+    m = FrozenCosts()
+    assert m.expected_tau(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)  # the prior
+    m.shape = TreeShape.chain(2)
+    for _ in range(200):
+        StreamMonitor.observe_step(m, "speculative", 3, 2, 2, step_s=1.0, draft_s=0.1)  # always accepted
+    assert m.acceptance(1) > 0.95 and m.acceptance(3) == m.acceptance(2) > 0.95
+    m.shape = TreeShape(3, 2, 6)
+    StreamMonitor.observe_step(m, "speculative", 6, 2, 0, step_s=1.0, draft_s=0.1)  # a tree: not a chain's rate
+    assert m.reached == [200, 200]
+
+
+def test_calibration_measures_costs_and_leaves_the_proposer_clean():
+    target = tiny_target("llama")
+    proposer = EagleProposer(random_drafter(target))
+    monitor = StreamMonitor()
+    monitor.calibrate(target, proposer, context=24, sizes=(2, 4, 8), depths=(1, 3), repeats=1)
+    assert monitor.calibrated
+    assert all(monitor.verify(n) > 0 for n in (1, 2, 4, 8)) and all(monitor.draft(d) > 0 for d in (1, 3))
+    assert proposer.cache.length == 0 and proposer.root is None
+    ref = generate_vanilla(target, prompts()[0], GenerationConfig(max_new_tokens=20)).token_ids
+    res = generate_speculative(target, proposer, prompts()[0], GenerationConfig(max_new_tokens=20),
+                               TreeShape.chain(2), fallback=monitor)
+    assert res.token_ids == ref
+
+
+def test_engine_measures_its_shape_and_falls_back_by_default():
+    target = tiny_target("llama")
+    drafter = random_drafter(target)
+    engine = Engine(target, drafter)
+    assert engine.monitor.enabled and not engine.monitor.calibrated
+    shape = engine.shape
+    assert engine.monitor.calibrated and shape.is_chain and engine.shape_source.startswith("measured")
+    ref = engine.generate(prompts()[0].tolist(), max_new_tokens=24, speculative=False).token_ids
+    assert engine.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
+    given = Engine(target, drafter, TreeShape(2, 2, 4), fallback=False)
+    assert given.shape == TreeShape(2, 2, 4) and given.shape_source == "given" and not given.monitor.enabled
+    res = given.generate(prompts()[0].tolist(), max_new_tokens=24)
+    assert res.token_ids == ref and res.stats.fallback_switches == 0
+
+
+def test_a_wrong_plain_step_inside_the_speculative_loop_is_caught(monkeypatch):
+    """Negative control: a plain step that loses its KV row breaks the output only where the
+    fallback takes plain steps mid-generation, and the equality checks above see it."""
+    target = tiny_target("llama")
+    shape = TreeShape.chain(3)
+    real = SpeculativeDecoding._commit
+    monkeypatch.setattr(SpeculativeDecoding, "_commit",
+                        lambda self, keep, written: real(self, [] if written == 1 else keep, written))
+    proposer = EagleProposer(random_drafter(target))
+    cfg = GenerationConfig(max_new_tokens=30)
+    differs = 0
+    for prompt in prompts(3):
+        ref = generate_vanilla(target, prompt, cfg).token_ids
+        # without the fallback a plain step comes last, if at all: its lost row is never read
+        assert generate_speculative(target, proposer, prompt, cfg, shape).token_ids == ref
+        switched = generate_speculative(target, proposer, prompt, cfg, shape, fallback=switching(threshold=1.5))
+        differs += switched.token_ids != ref
+    assert differs >= 2
+
+
+def test_step_reports_carry_the_draft_depth():
+    target = tiny_target("llama")
+    dec = SpeculativeDecoding(target, OracleProposer(target), prompts()[0], GenerationConfig(max_new_tokens=20),
+                              TreeShape(2, 3, 6))
+    dec.step()
+    report = dec.step()
+    assert report.kind == "speculative" and report.depth == 3 and report.accepted == 3
+    assert dec.step(speculate=False).depth == 0
