@@ -647,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=_count, default=32, help="queries sampled per batch")
     sp.add_argument("--max-new-tokens", type=_count, default=96, help="longer (unfinished) queries are dropped")
     sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
-    sp.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    sp.add_argument("--top-p", type=_probability, default=1.0, help="nucleus sampling mass")
     sp.add_argument("--seed", type=int, default=0, help="batch k samples with seed + k")
     sp.add_argument("--eval-data", default="../shared/data",
                     help="folder of the evaluation sets whose prompts are dropped ('' = no filter)")
