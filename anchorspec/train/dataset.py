@@ -7,7 +7,9 @@ between them without talking to each other.
 
 from __future__ import annotations
 
+import hashlib
 import random
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,14 +97,26 @@ def keep_fitting(examples, max_len: int, stats: DataStats) -> list[Example]:
     return out
 
 
-def split_heldout(n: int, fraction: float, seed: int, minimum: int = 1) -> tuple[list[int], list[int]]:
-    """(train indices, held-out indices): a seeded random ``fraction`` (at least ``minimum``) held out."""
+def split_heldout(sequences: list[list[int]], fraction: float, seed: int,
+                  minimum: int = 1) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices). An example is held out by a seeded hash of its tokens, not
+    its position, so the held-out set stays the same examples when the corpus grows (a drafter
+    continued with --init-from on more data is never evaluated on what it trained on). At least
+    ``minimum`` are held out (the lowest hashes) and at least one example is kept for training."""
+    n = len(sequences)
     if n < 2:
         raise AnchorspecError(f"need at least 2 training examples to hold some out, got {n}")
-    k = min(n - 1, max(minimum, round(n * fraction)))
-    idx = list(range(n))
-    random.Random(seed).shuffle(idx)
-    return sorted(idx[k:]), sorted(idx[:k])
+    salt = seed.to_bytes(8, "little", signed=True)
+    keys = []
+    for ids in sequences:
+        h = hashlib.blake2b(array("l", ids).tobytes(), digest_size=8, key=salt)
+        keys.append(int.from_bytes(h.digest(), "little") / 2.0 ** 64)
+    held = {i for i, k in enumerate(keys) if k < fraction}
+    if len(held) < minimum:
+        held = set(sorted(range(n), key=keys.__getitem__)[:minimum])
+    if len(held) >= n:
+        held = set(sorted(held, key=keys.__getitem__)[: n - 1])
+    return [i for i in range(n) if i not in held], sorted(held)
 
 
 def epoch_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, pool: int = 64) -> list[list[int]]:

@@ -12,8 +12,9 @@ EAGLE-3.1 runs share it):
                             is representable in the draft vocabulary decides if a position counts).
 
 Layout: ragged examples as flat tensors plus offsets, in safetensors shards of about
-``shard_tokens`` tokens. ``index.json`` lists finished shards and is rewritten atomically after
-each one, so a killed build resumes at the first missing shard.
+``shard_tokens`` tokens, each named by the fingerprint of its examples. ``index.json`` lists the
+finished shards and the layout of the current data, and is rewritten atomically after each shard,
+so a killed build resumes at the first missing shard and a grown corpus reuses the shards it still holds.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..atomic import atomic_write
 from ..models.target import Target
 from .dataset import Example, collate, epoch_batches
 
-FORMAT = 1
+FORMAT = 2  # 2: shards keyed by the fingerprint of their examples (a growing corpus reuses them)
 
 
 @dataclass
@@ -92,34 +93,54 @@ def _shard_ranges(examples: list[Example], shard_tokens: int) -> list[tuple[int,
     return ranges
 
 
+def _read_index(index_path: Path, meta: dict, cache_dir) -> dict:
+    """The index to build on: the old one when it was made for this target, else an empty one."""
+    index = {**meta, "shards": {}}
+    if index_path.is_file():
+        old = json.loads(index_path.read_text())
+        if old.get("format") != FORMAT:  # an older layout: nothing in it can be reused
+            return index
+        diff = [k for k in meta if old.get(k) != meta[k]]
+        if diff:
+            raise AnchorspecError(f"feature cache {cache_dir} was built for another target or dtype "
+                                  f"({', '.join(diff)} differ); use another directory")
+        index["shards"] = old["shards"]
+    return index
+
+
 def build_feature_cache(target: Target, examples: list[Example], cache_dir, batch_tokens: int = 4096,
                         shard_tokens: int = 1 << 18, progress: bool = True) -> dict:
-    """Write (or finish writing) the cache for ``examples``; returns the index (with its size in bytes)."""
+    """Write (or finish writing) the cache for ``examples``; returns the index (with its size in bytes).
+
+    Shards are keyed by the fingerprint of the examples they hold, and shard boundaries depend only
+    on the examples before them, so a corpus that grows by appending parts reuses every full shard
+    and recomputes only the old tail and the new examples; a killed build resumes at the first
+    missing shard."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "fingerprint": fingerprint(examples), "num_examples": len(examples),
-            "aux_layer_ids": list(target.aux_layer_ids), "dtype": str(target.dtype).removeprefix("torch."),
+    meta = {"format": FORMAT, "aux_layer_ids": list(target.aux_layer_ids),
+            "dtype": str(target.dtype).removeprefix("torch."),
             "hidden_size": target.hidden_size, "vocab_size": target.vocab_size}
     index_path = cache_dir / "index.json"
-    index = {**meta, "shards": []}
-    if index_path.is_file():
-        old = json.loads(index_path.read_text())
-        diff = [k for k in meta if old.get(k) != meta[k]]
-        if diff:
-            raise AnchorspecError(f"feature cache {cache_dir} was built for other data or target "
-                                  f"({', '.join(diff)} differ); use another directory")
-        index = old
-    done = {s["first"] for s in index["shards"]}
+    index = _read_index(index_path, meta, cache_dir)
+    shards: dict = index["shards"]
     ranges = _shard_ranges(examples, shard_tokens)
+    layout = [fingerprint(examples[a:b]) for a, b in ranges]
+    index.update(fingerprint=fingerprint(examples), num_examples=len(examples), layout=layout)
+    have = {fp for fp in layout if fp in shards and (cache_dir / shards[fp]["file"]).is_file()}
     total = sum(len(e.input_ids) for e in examples)
-    bar = tqdm(total=total, initial=sum(s["tokens"] for s in index["shards"]), desc="feature cache", unit="tok",
+    bar = tqdm(total=total, initial=sum(shards[fp]["tokens"] for fp in have), desc="feature cache", unit="tok",
                disable=not progress, unit_scale=True)
+
+    def write_index():
+        atomic_write(index_path, lambda f: Path(f).write_text(json.dumps(index, indent=1) + "\n"))
+
     checked = False
-    for n, (a, b) in enumerate(ranges):
-        if a in done:
+    for (a, b), fp in zip(ranges, layout):
+        if fp in have:
             continue
         part = examples[a:b]
         lengths = [len(e.input_ids) for e in part]
@@ -136,16 +157,22 @@ def build_feature_cache(target: Target, examples: list[Example], cache_dir, batc
         tensors = {"aux": torch.cat([rows[i][0] for i in order]), "hidden": torch.cat([rows[i][1] for i in order]),
                    "argmax": torch.cat([rows[i][2] for i in order]),
                    "offsets": torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int64)}
-        name = f"shard-{n:05d}.safetensors"
+        name = f"shard-{fp}.safetensors"
         atomic_write(cache_dir / name, lambda f: save_file(tensors, f))
-        index["shards"].append({"file": name, "first": a, "count": b - a, "tokens": sum(lengths),
-                                "bytes": (cache_dir / name).stat().st_size})
-        index["shards"].sort(key=lambda s: s["first"])
-        atomic_write(index_path, lambda f: Path(f).write_text(json.dumps(index, indent=1) + "\n"))
+        shards[fp] = {"file": name, "count": b - a, "tokens": sum(lengths), "bytes": (cache_dir / name).stat().st_size}
+        have.add(fp)
+        write_index()
     bar.close()
-    index["bytes"] = sum(s["bytes"] for s in index["shards"])
-    index["tokens"] = sum(s["tokens"] for s in index["shards"])
-    return index
+    stale = [fp for fp in shards if fp not in set(layout)]  # shards of examples no longer in the data
+    for fp in stale:
+        shards.pop(fp)
+    write_index()
+    for fp in stale:
+        name = f"shard-{fp}.safetensors"
+        if name not in {s["file"] for s in shards.values()}:
+            (cache_dir / name).unlink(missing_ok=True)
+    return {**index, "shards": [{"first": a, "fingerprint": fp, **shards[fp]} for (a, _), fp in zip(ranges, layout)],
+            "bytes": sum(shards[fp]["bytes"] for fp in layout), "tokens": total}
 
 
 class FeatureCache:
@@ -160,20 +187,23 @@ class FeatureCache:
             raise AnchorspecError(f"no feature cache in {cache_dir} (index.json missing)")
         self.index = json.loads(index_path.read_text())
         if self.index.get("format") != FORMAT:
-            raise AnchorspecError(f"feature cache {cache_dir} has format {self.index.get('format')}, expected {FORMAT}")
+            raise AnchorspecError(f"feature cache {cache_dir} has format {self.index.get('format')}, expected {FORMAT}; "
+                                  f"rebuild it (train builds it on first use)")
         if examples is not None and self.index["fingerprint"] != fingerprint(examples):
             raise AnchorspecError(f"feature cache {cache_dir} was built from other examples; rebuild it")
-        covered = sum(s["count"] for s in self.index["shards"])
-        if covered != self.index["num_examples"]:
+        shards = self.index["shards"]
+        ready = [fp for fp in self.index["layout"] if fp in shards and (cache_dir / shards[fp]["file"]).is_file()]
+        if len(ready) != len(self.index["layout"]):
+            covered = sum(shards[fp]["count"] for fp in ready)
             raise AnchorspecError(f"feature cache {cache_dir} is incomplete ({covered}/{self.index['num_examples']} "
                                   f"examples); finish building it first")
         self._rows: list[tuple[int, int, int]] = []  # (shard, start, end) per example
         self._shards = []
-        for k, s in enumerate(self.index["shards"]):
-            t = load_file(str(cache_dir / s["file"]))
+        for k, fp in enumerate(self.index["layout"]):
+            t = load_file(str(cache_dir / shards[fp]["file"]))
             self._shards.append(t)
             off = t["offsets"].tolist()
-            self._rows += [(k, off[j], off[j + 1]) for j in range(s["count"])]
+            self._rows += [(k, off[j], off[j + 1]) for j in range(shards[fp]["count"])]
 
     def __len__(self) -> int:
         return len(self._rows)

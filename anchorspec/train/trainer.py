@@ -254,7 +254,7 @@ class Trainer:
 
         examples, self.data_stats = prepare_data(cfg, self.target.tokenizer)
         self.examples = examples
-        self.train_idx, self.held_idx = split_heldout(len(examples), cfg.heldout, cfg.seed, minimum=2)
+        self.train_idx, self.held_idx = split_heldout([e.input_ids for e in examples], cfg.heldout, cfg.seed, minimum=2)
         self.train_examples = [examples[i] for i in self.train_idx]
         self.held_examples = [examples[i] for i in self.held_idx]
         self.cache = None
