@@ -311,6 +311,9 @@ def cmd_train(args) -> int:
     if args.init_from and not (Path(args.init_from) / "config.json").is_file():
         raise AnchorspecError(f"--init-from {args.init_from} is not a drafter directory (no config.json)")
     _set_threads(args.threads)
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # large per-step tensors: reuse freed heap pages instead of faulting fresh ones
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,

