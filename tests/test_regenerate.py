@@ -577,3 +577,88 @@ def test_cli_skip_packed_answers_only_prompts_the_corpus_lacks(capsys, tmp_path,
     code, _, err = run_cli(capsys, "--target", target_dir, "--data", prompts_file, "--out", out,
                            "--skip-packed", tmp_path)  # not a corpus: one line, nothing answered
     assert code == 2 and "not a corpus folder" in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# every user turn (--turns all)
+# --------------------------------------------------------------------------------------------
+
+def test_turns_all_reads_later_user_turns(tmp_path):
+    conv = [{"from": "human", "value": "q1"}, {"from": "gpt", "value": "a1"}, {"from": "human", "value": "q2"},
+            {"from": "gpt", "value": "a2"}, {"from": "human", "value": "q3"}]
+    path = tmp_path / "share.json"
+    path.write_text(json.dumps([{"conversations": conv}, {"conversations": conv[:2]}]))
+    first, single = read_prompt_items(str(path), turns="all")
+    assert first.messages == [{"role": "user", "content": "q1"}] and first.later_turns == ("q2", "q3")
+    assert single.later_turns == ()
+    assert [it.later_turns for it in read_prompt_items(str(path))] == [(), ()]  # the default: first turns only
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "u2"}]}])
+    (it,) = read_prompt_items(str(chat), turns="all")
+    assert it.messages[-1]["content"] == "u1" and it.later_turns == ("u2",)
+    with pytest.raises(AnchorspecError, match="turns"):
+        read_prompt_items(str(path), turns="some")
+
+
+TURN_NEW = 32  # long enough that many replies end with <|im_end|> and a later turn follows
+
+
+@pytest.fixture(scope="module")
+def conversations():
+    """Conversations of three user turns; the later turns are answered after the target's own replies."""
+    convs = tiny_conversations(24, seed=4)
+    return [PromptItem(f"conv:{i}", c[:1], (f"w{i} w3 w5", f"w{i + 2} w7"))
+            for i, c in enumerate(convs)]
+
+
+def expected_conversation(target, item, max_new, max_prompt, sampling=SamplingParams(), seed=0):
+    """The reference: turn by turn, each one decoded alone with its own seed."""
+    messages, total = item.messages, 0
+    for index in range(len(item.later_turns) + 1):
+        turn_seed = prompt_seed(seed, item.id if index == 0 else f"{item.id}#{index}")
+        reply, finish, n = solo(target, PromptItem(item.id, messages), sampling, turn_seed, max_new)
+        total += n
+        if finish != "stop" or index == len(item.later_turns):
+            break
+        following = messages + [{"role": "assistant", "content": reply},
+                                {"role": "user", "content": item.later_turns[index]}]
+        if len(prompt_ids(target, PromptItem(item.id, following))) > max_prompt:
+            break
+        messages = following
+    return {"messages": messages + [{"role": "assistant", "content": reply}], "finish": finish, "new_tokens": total}
+
+
+@pytest.mark.parametrize("max_prompt", [1024, 36])
+def test_turns_all_local_equals_turn_by_turn_solo(target, conversations, tmp_path, max_prompt):
+    out = tmp_path / "multi.jsonl"
+    report = regenerate(target, conversations, out, max_new_tokens=TURN_NEW, max_prompt_tokens=max_prompt,
+                        batch_size=4, progress=False)
+    recs = {r["id"]: r for r in read_records(out)}
+    assert sorted(recs) == sorted(it.id for it in conversations)
+    turns, budget_stops = [], 0
+    for it in conversations:
+        want = expected_conversation(target, it, TURN_NEW, max_prompt)
+        got = recs[it.id]
+        assert {k: got[k] for k in want} == want, it.id
+        turns.append(sum(m["role"] == "assistant" for m in got["messages"]))
+        budget_stops += got["finish"] == "stop" and turns[-1] < 3
+    # the cases exist: conversations answered to the end, ones stopped by a cut-off reply, and with the
+    # short prompt budget ones whose next turn no longer fits
+    assert min(turns) < 3
+    if max_prompt == 1024:
+        assert max(turns) == 3 and budget_stops == 0
+    else:
+        assert max(turns) >= 2 and budget_stops > 0
+    assert report["later_turns_answered"] == sum(turns) - len(conversations)
+    again = regenerate(target, conversations, out, max_new_tokens=TURN_NEW, max_prompt_tokens=max_prompt,
+                       batch_size=4, progress=False)
+    assert again["answered"] == 0 and len(read_records(out)) == len(conversations)  # resumed: nothing redone
+
+
+def test_turns_all_endpoint_equals_local(served, target, conversations, tmp_path):
+    local, remote = tmp_path / "local.jsonl", tmp_path / "remote.jsonl"
+    regenerate(target, conversations[:6], local, max_new_tokens=MAX_NEW, batch_size=3, progress=False)
+    regenerate_endpoint(served, conversations[:6], remote, concurrency=3, api_key="k3y", max_new_tokens=MAX_NEW,
+                        tokenizer=target.tokenizer, progress=False)
+    assert sorted(local.read_text().splitlines()) == sorted(remote.read_text().splitlines())

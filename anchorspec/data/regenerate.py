@@ -5,7 +5,10 @@ Output is JSONL, one ``{"id", "messages": [..., {"role": "assistant"}], "finish"
 per prompt (``new_tokens`` excludes the end-of-turn token), appended a batch of finished records at a
 time (written, flushed and fsynced together). Re-running with the same output file skips every id
 already written (a line cut off by a crash is dropped and redone), so a killed job resumes where it
-stopped. Lines are in the order answers finish; ids say which prompt a line answers.
+stopped. Lines are in the order answers finish; ids say which prompt a line answers. With
+``turns="all"`` a line is a whole conversation: every user turn of the source answered in order,
+each after the target's own previous reply (the source's replies are dropped), until a reply is cut
+off or the next prompt would exceed the prompt budget; ``new_tokens`` then counts all its replies.
 
 Two engines, same records:
   - local (`regenerate`): continuous batching over the project's own batched rounds
@@ -63,6 +66,17 @@ def sharegpt_dump_path() -> Path:
 class PromptItem:
     id: str
     messages: list[dict]  # the conversation up to (not including) the reply to generate
+    later_turns: tuple[str, ...] = ()  # the user's next turns, answered in order (`turns="all"`)
+
+
+TURNS = ("first", "all")
+
+
+def _later_user_turns(conv: list[dict]) -> tuple[str, ...]:
+    """The user turns after the first one (the source's assistant replies are dropped: the target
+    writes its own, and each later turn is asked after the target's previous reply)."""
+    users = [m["content"] for m in conv if m["role"] == "user"]
+    return tuple(users[1:])
 
 
 def _first_user_prefix(conv: list[dict]) -> list[dict] | None:
@@ -73,11 +87,15 @@ def _first_user_prefix(conv: list[dict]) -> list[dict] | None:
     return None
 
 
-def read_prompt_items(path: str, limit: int | None = None, seed: int = 0) -> list[PromptItem]:
+def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns: str = "first") -> list[PromptItem]:
     """Prompts to answer from one source: ``sharegpt`` (the PyPI dump), a ShareGPT JSON array,
     OpenAI ``messages`` JSONL (up to the first user turn), MT-bench ``turns`` (first turn), or a
     JSON/JSONL list of objects with a prompt/instruction/question field. ``limit`` keeps a seeded
-    random subset (stable ids: the source name plus the row index)."""
+    random subset (stable ids: the source name plus the row index). With ``turns="all"`` a
+    conversation source (ShareGPT, messages) also yields its later user turns, to be answered in
+    order with the target's own earlier replies as context."""
+    if turns not in TURNS:
+        raise AnchorspecError(f"turns must be one of {', '.join(TURNS)}, got {turns!r}")
     if limit is not None and limit < 1:
         raise AnchorspecError(f"limit (--limit-per-source) must be >= 1, got {limit}")
     real = sharegpt_dump_path() if path == SHAREGPT_ALIAS else Path(path)
@@ -96,19 +114,22 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0) -> lis
                 if not isinstance(row, dict) or not isinstance(row.get("conversations"), list):
                     raise AnchorspecError(f"{real}:{line}: expected an object with a 'conversations' list, "
                                           f"got {row!r:.80}")
-                msgs = _first_user_prefix(sharegpt_to_conversation(row["conversations"], f"{real}:{line}"))
+                conv = sharegpt_to_conversation(row["conversations"], f"{real}:{line}")
+                msgs = _first_user_prefix(conv)
                 if msgs:
-                    items.append(PromptItem(f"{name}:{i}", msgs))
+                    later = _later_user_turns(conv) if turns == "all" else ()
+                    items.append(PromptItem(f"{name}:{i}", msgs, later))
         else:
             for i, (line, row) in enumerate(iter_json_array(text, real, ReadStats())):
                 items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": prompt_text(row, f"{real}:{line}")}]))
     else:
         for i, (line, row) in enumerate(jsonl_rows(real, text)):
             if isinstance(row, dict) and isinstance(row.get("messages"), list):
-                msgs = _first_user_prefix([_check_message(m, f"{real}:{line}", k) for k, m in enumerate(row["messages"])])
+                conv = [_check_message(m, f"{real}:{line}", k) for k, m in enumerate(row["messages"])]
+                msgs = _first_user_prefix(conv)
                 if msgs is None:
                     raise AnchorspecError(f"{real}:{line}: 'messages' holds no user turn")
-                items.append(PromptItem(f"{name}:{i}", msgs))
+                items.append(PromptItem(f"{name}:{i}", msgs, _later_user_turns(conv) if turns == "all" else ()))
             else:
                 items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": prompt_text(row, f"{real}:{line}")}]))
     if not items:
@@ -314,28 +335,54 @@ def regenerate(target, items: list[PromptItem], out_path, *, max_new_tokens: int
     with RecordWriter(out_path, flush_every=batch_size) as writer:
         todo = [it for it in items if it.id not in writer.done]
         batcher = ContinuousBatcher(target, batch_size, max_new_tokens, sampling, stop_token_ids(target), split_keys)
+        def fits(ids: list[int]) -> bool:
+            return len(ids) <= max_prompt_tokens and len(ids) + max_new_tokens <= context
+
         requests, too_long = [], 0
         for it in todo:
             ids = prompt_ids(tokenizer, it.messages)
-            if len(ids) > max_prompt_tokens or len(ids) + max_new_tokens > context:
-                too_long += 1
+            if fits(ids):
+                requests.append(AnswerRequest(_Turn(it, it.messages, 0, 0), ids, prompt_seed(seed, it.id)))
             else:
-                requests.append(AnswerRequest(it, ids, prompt_seed(seed, it.id)))
+                too_long += 1
         for request in sorted(requests, key=lambda r: -len(r.prompt_ids)):  # longest first (module docstring)
             batcher.add(request)
-        new_tokens, t0 = 0, time.perf_counter()
+        new_tokens, later_turns, t0 = 0, 0, time.perf_counter()
         bar = _progress(len(requests), progress)
         for request, res in batcher.run():
+            turn: _Turn = request.key
             toks = res.token_ids[:-1] if res.finish_reason == "stop" else res.token_ids
-            writer.add(request.key, tokenizer.decode(toks, skip_special_tokens=True), res.finish_reason, len(toks))
+            reply = tokenizer.decode(toks, skip_special_tokens=True)
             new_tokens += len(toks)
+            done_tokens = turn.new_tokens + len(toks)
+            # the next user turn follows a finished (not cut-off) reply while the context still fits
+            if res.finish_reason == "stop" and turn.index < len(turn.item.later_turns):
+                messages = turn.messages + [{"role": "assistant", "content": reply},
+                                            {"role": "user", "content": turn.item.later_turns[turn.index]}]
+                ids = prompt_ids(tokenizer, messages)
+                if fits(ids):
+                    later_turns += 1
+                    batcher.add(AnswerRequest(_Turn(turn.item, messages, turn.index + 1, done_tokens), ids,
+                                              prompt_seed(seed, f"{turn.item.id}#{turn.index + 1}")))
+                    continue
+            writer.add(PromptItem(turn.item.id, turn.messages), reply, res.finish_reason, done_tokens)
             bar.update(1)
             bar.set_postfix_str(f"{batcher.new_tokens / (time.perf_counter() - t0):.1f} new tok/s")
         bar.close()
     elapsed = time.perf_counter() - t0
-    return {"answered": len(requests), "skipped_done": len(items) - len(todo), "skipped_too_long": too_long,
-            "new_tokens": new_tokens, "rounds": batcher.rounds, "seconds": elapsed,
+    return {"answered": len(requests), "later_turns_answered": later_turns, "skipped_done": len(items) - len(todo),
+            "skipped_too_long": too_long, "new_tokens": new_tokens, "rounds": batcher.rounds, "seconds": elapsed,
             "new_tokens_per_s": new_tokens / max(elapsed, 1e-9)}
+
+
+@dataclass
+class _Turn:
+    """One reply to write within a conversation: its prompt messages, which later user turn comes
+    next, and the new tokens of the conversation's earlier replies."""
+    item: PromptItem
+    messages: list[dict]
+    index: int
+    new_tokens: int
 
 
 # --- remote engine: an OpenAI-compatible server -----------------------------------------------------
@@ -434,8 +481,9 @@ def regenerate_endpoint(endpoint: str, items: list[PromptItem], out_path, *, con
                         temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, tokenizer=None,
                         max_prompt_tokens: int = 1024, retries: int = 6, backoff_s: float = 1.0,
                         progress: bool = True) -> dict:
-    """`regenerate` through an OpenAI-compatible server, `concurrency` requests in flight (threads).
-    Same records, resume and per-prompt seeds; prompts are length-checked only if a `tokenizer` is given."""
+    """`regenerate` through an OpenAI-compatible server, `concurrency` conversations in flight
+    (threads; a conversation's later turns go one after another). Same records, resume and
+    per-prompt seeds; prompts are length-checked only if a `tokenizer` is given."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     if concurrency < 1:
@@ -452,12 +500,30 @@ def regenerate_endpoint(endpoint: str, items: list[PromptItem], out_path, *, con
         bar = _progress(len(send), progress)
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regenerate")
         try:
-            futures = {pool.submit(answer_via_endpoint, base, model, it, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=top_p, seed=prompt_seed(seed, it.id),
-                                   api_key=api_key, retries=retries, backoff_s=backoff_s): it for it in send}
+            def conversation(it: PromptItem) -> tuple[PromptItem, str, str, int]:
+                """The item's replies in order (one request per user turn, each after the previous
+                reply); the last prompt, reply, finish and the conversation's new tokens."""
+                messages, total = it.messages, 0
+                for index in range(len(it.later_turns) + 1):
+                    turn_seed = prompt_seed(seed, it.id if index == 0 else f"{it.id}#{index}")
+                    reply, finish, n = answer_via_endpoint(
+                        base, model, PromptItem(it.id, messages), max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, seed=turn_seed, api_key=api_key, retries=retries,
+                        backoff_s=backoff_s)
+                    total += n
+                    if finish != "stop" or index == len(it.later_turns):
+                        break
+                    following = messages + [{"role": "assistant", "content": reply},
+                                            {"role": "user", "content": it.later_turns[index]}]
+                    if tokenizer is not None and len(prompt_ids(tokenizer, following)) > max_prompt_tokens:
+                        break
+                    messages = following
+                return PromptItem(it.id, messages), reply, finish, total
+
+            futures = [pool.submit(conversation, it) for it in send]
             for future in as_completed(futures):
-                reply, finish, n = future.result()  # a request that failed for good ends the job here
-                writer.add(futures[future], reply, finish, n)
+                last, reply, finish, n = future.result()  # a request that failed for good ends the job here
+                writer.add(last, reply, finish, n)
                 new_tokens += n
                 bar.update(1)
                 bar.set_postfix_str(f"{new_tokens / (time.perf_counter() - t0):.1f} new tok/s")
