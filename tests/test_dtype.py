@@ -112,3 +112,14 @@ def test_concurrent_probes_settle_on_the_first_verdict(home):
         return {"float32": {"1": 1.0}, "bfloat16": {"1": 0.1}}  # this process alone would pick bf16
 
     assert dt.resolve_dtype("auto", "cpu", (64, 128), probe_while_another_process_writes) == torch.float32
+
+
+def test_argmax_last_equals_argmax_with_ties_in_half_precision():
+    from anchorspec.models.dtype import argmax_last
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 300, 517, generator=gen).bfloat16()
+    x[0, 5, 10] = x[0, 5, 400] = 9.0  # a tie: the first index wins, as in torch.argmax
+    for t in (x, x.half(), x.float(), x[0, 0]):
+        assert torch.equal(argmax_last(t, chunk_rows=64), t.argmax(-1))
+    assert argmax_last(x)[0, 5] == 10

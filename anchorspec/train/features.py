@@ -29,6 +29,7 @@ import torch
 from anchorspec.errors import AnchorspecError
 
 from ..atomic import atomic_write
+from ..models.dtype import argmax_last
 from ..models.target import Target
 from .dataset import Example, collate, epoch_batches
 
@@ -70,7 +71,7 @@ def compute_features(target: Target, input_ids: torch.Tensor, padding_mask: torc
         if not torch.allclose(again.float(), out.logits.float(), atol=1e-3, rtol=1e-3):
             raise AnchorspecError("this target transforms its logits outside the LM head (e.g. logit scaling); "
                                   "the offline feature cache cannot rebuild them: train with online features")
-    return Features(aux=out.aux, hidden=hidden, argmax=out.logits.argmax(-1))
+    return Features(aux=out.aux, hidden=hidden, argmax=argmax_last(out.logits))
 
 
 def fingerprint(examples: list[Example]) -> str:
