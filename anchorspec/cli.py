@@ -317,7 +317,7 @@ def cmd_train(args) -> int:
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
-        init_from=args.init_from, init_head=args.init_head,
+        init_from=args.init_from, init_head=args.init_head, revocab=args.revocab,
         draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
         grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, heldout=args.heldout, system=args.system,
@@ -701,6 +701,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-from", metavar="DRAFTER_DIR",
                    help="continue from this drafter (its weights, variant and draft vocabulary) with new data "
                         "and a new schedule")
+    t.add_argument("--revocab", action="store_true",
+                   help="with --init-from: re-select the draft vocabulary (same size) from this data; rows of tokens "
+                        "in both vocabularies are kept, new tokens start from the target's head rows")
     t.add_argument("--init-head", default="random", choices=["random", "target"],
                    help="a new drafter's lm_head and final norm: random, or the target's rows of the draft vocabulary")
     t.add_argument("--variant", choices=["eagle3", "eagle3.1"],

@@ -6,7 +6,8 @@
 #   2. the target answers them (`regenerate`, continuous batching, resumable) under $RUN, skipping the
 #      prompts the committed corpus already holds (--skip-packed), so a fresh machine adds new answers only,
 #   3. new answers are packed as token-id parts into corpus/ (committed: the next session trains on them),
-#   4. both variants continue from the released drafters (--init-from) on the whole corpus, identical
+#   4. both variants continue from the released drafters (--init-from; --revocab re-selects the draft
+#      vocabulary from the grown corpus, keeping the rows of shared tokens) on the whole corpus, identical
 #      data, steps and seed, each on one thread side by side; one feature cache serves both, and it
 #      grows with the corpus (shards keyed by their examples: only the new part is extracted),
 #   5. each run's best-by-acceptance drafter is written in bfloat16 over the release.
@@ -38,7 +39,7 @@ anchorspec pack-corpus "$RUN"/answers-*.jsonl --target $T --out "$CORPUS" --eval
   --info temperature=0 --info max_new_tokens=256 --info "engine=anchorspec regenerate (continuous batching)"
 
 train() {  # the two variants: identical data, steps and seed; each continues its own release
-  anchorspec train --target $T --data "$CORPUS" --out "$RUN/round-$ROUND/$1" --init-from "checkpoints/$T-$1" \
+  anchorspec train --target $T --data "$CORPUS" --out "$RUN/round-$ROUND/$1" --init-from "checkpoints/$T-$1" --revocab \
     --feature-cache "$RUN/features" --max-steps "$STEPS" --ttt-steps 4 --max-len 1024 \
     --batch-tokens 2048 --lr 3e-4 --warmup-ratio 0.03 --dtype bfloat16 --seed 0 \
     --eval-every 100 --save-every 25 --eval-prompts 4 --eval-new-tokens 64 "${@:2}"

@@ -132,3 +132,57 @@ def test_init_head_target_copies_the_targets_head_rows(setup, tmp_path):
     assert torch.equal(t.drafter.norm.weight, t.target.model.model.norm.weight.to(t.drafter.norm.weight.dtype))
     r = Trainer(config(setup, tmp_path / "r"))  # negative control: the default head is random
     assert not torch.equal(r.drafter.lm_head.weight, head[r.drafter.draft_to_target].to(r.drafter.lm_head.weight.dtype))
+
+
+def test_revocab_reselects_the_vocabulary_and_keeps_shared_rows(setup, tmp_path):
+    from anchorspec.models.drafter import save_drafter
+    from anchorspec.train.vocab import coverage, select_draft_vocab
+
+    first = Trainer(config(setup, tmp_path / "first", max_steps=2, variant="eagle3"))
+    first.run()
+    # a drafter whose vocabulary was chosen on other data: half its ids are tokens this data never uses
+    d = load_drafter(tmp_path / "first" / "final", torch.float64)
+    counts = torch.bincount(torch.tensor([t for e in first.train_examples for t, m in zip(e.input_ids, e.loss_mask)
+                                          if m]), minlength=d.config.vocab_size)
+    best = select_draft_vocab(counts, DRAFT_VOCAB)
+    unused = torch.nonzero(counts == 0).view(-1)
+    assert unused.numel() >= DRAFT_VOCAB // 2
+    used = best[counts[best] > 0]
+    assert used.numel() >= DRAFT_VOCAB // 2
+    # the highest unused ids: select_draft_vocab pads with the lowest, so these are not in `best`
+    other = torch.sort(torch.cat([used[: DRAFT_VOCAB // 2], unused[-(DRAFT_VOCAB // 2):]])).values
+    assert other.unique().numel() == DRAFT_VOCAB
+    d.set_vocab_mapping(other)
+    save_drafter(d, tmp_path / "other")
+    old_rows = dict(zip(other.tolist(), d.lm_head.weight.detach()))
+
+    plain = Trainer(config(setup, tmp_path / "plain", max_steps=1, variant=None, draft_vocab_size=None,
+                           init_from=str(tmp_path / "other")))
+    assert torch.equal(plain.drafter.draft_to_target, other)  # negative control: without --revocab nothing moves
+    t = Trainer(config(setup, tmp_path / "re", max_steps=1, variant=None, draft_vocab_size=None,
+                       init_from=str(tmp_path / "other"), revocab=True))
+    new = t.drafter.draft_to_target
+    assert not torch.equal(new, other) and new.numel() == DRAFT_VOCAB
+    assert t.vocab_coverage > plain.vocab_coverage
+    assert t.vocab_coverage == pytest.approx(coverage(counts_of(t), new))
+    head = t.target.model.get_output_embeddings().weight
+    kept = 0
+    for row, tok in zip(t.drafter.lm_head.weight, new.tolist()):
+        if tok in old_rows:
+            assert torch.equal(row, old_rows[tok].to(row.dtype)), tok
+            kept += 1
+        else:
+            assert torch.equal(row, head[tok].to(row.dtype)), tok
+    assert 0 < kept < DRAFT_VOCAB
+    t.run()
+    run = json.loads((tmp_path / "re" / "run.json").read_text())
+    assert run["draft_vocab"]["revocab"]["kept_rows"] == kept and run["config"]["revocab"] is True
+    assert load_drafter(tmp_path / "re" / "final", torch.float64).draft_to_target.tolist() == new.tolist()
+    with pytest.raises(AnchorspecError, match="needs --init-from"):
+        Trainer(config(setup, tmp_path / "n", revocab=True))
+
+
+def counts_of(trainer):
+    from anchorspec.train.vocab import count_loss_tokens
+
+    return count_loss_tokens(((e.input_ids, e.loss_mask) for e in trainer.train_examples), trainer.target.vocab_size)

@@ -41,12 +41,13 @@ from ..data.readers import jsonl_lines
 from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, keep_fitting, read_conversations, \
     split_heldout, tokenize_conversations
 from .ttt import ttt_forward
-from .vocab import count_loss_tokens, coverage, select_draft_vocab
+from .vocab import count_loss_tokens, coverage, remap_head_rows, select_draft_vocab
 
 # Changing any of these changes the training trajectory, so --resume refuses a different value.
 TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
                      "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
-                     "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head")
+                     "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head",
+                     "revocab")
 DEFAULT_DRAFT_VOCAB = 16384
 
 
@@ -60,6 +61,7 @@ class TrainConfig:
     draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB  # capped at the target vocabulary; None: --init-from's
     init_from: str | None = None  # a drafter directory to continue from (its weights and draft vocabulary)
     init_head: str = "random"  # random | target: lm_head rows and final norm copied from the target's head
+    revocab: bool = False  # with init_from: re-select the draft vocabulary (same size) from this data
     max_len: int = 2048
     epochs: int | None = None
     max_steps: int | None = None
@@ -90,6 +92,8 @@ class TrainConfig:
             raise AnchorspecError(f"--init-head must be random or target, got {self.init_head!r}")
         if self.init_from is not None and self.init_head != "random":
             raise AnchorspecError("--init-head applies to a new drafter; --init-from keeps the drafter's own head")
+        if self.revocab and self.init_from is None:
+            raise AnchorspecError("--revocab re-selects a continued drafter's vocabulary: it needs --init-from")
         if self.init_from is None:  # flags left out: a new drafter's defaults
             self.variant = self.variant or "eagle3.1"
             self.draft_vocab_size = self.draft_vocab_size or DEFAULT_DRAFT_VOCAB
@@ -274,9 +278,12 @@ class Trainer:
 
         V = self.target.vocab_size
         counts = count_loss_tokens(((e.input_ids, e.loss_mask) for e in self.train_examples), V)
+        self.revocab_report = None
         if cfg.init_from:
             drafter = self._continued_drafter()
             draft_ids = drafter.draft_to_target
+            if cfg.revocab:
+                draft_ids = self._revocab(drafter, counts)
         else:
             Vd = min(cfg.draft_vocab_size or V, V)
             draft_ids = select_draft_vocab(counts, Vd, always_include=stop_ids(self.target))
@@ -320,6 +327,22 @@ class Trainer:
             raise AnchorspecError(f"--init-from {cfg.init_from} reads aux layers {dc.eagle_aux_hidden_state_layer_ids}, "
                                   f"the target is set up for {list(self.target.aux_layer_ids)} (--aux-layers)")
         return drafter
+
+    def _revocab(self, drafter: Eagle3Drafter, counts: torch.Tensor) -> torch.Tensor:
+        """Re-select the continued drafter's draft vocabulary from this data (same size): a vocabulary
+        chosen on other data can cover far fewer of this data's tokens (88.5 % against 99.1 % measured
+        on the ShareGPT corpus), and a token outside it can never be accepted. Rows of tokens in both
+        vocabularies keep their trained weights; new tokens start from the target's head rows."""
+        old_ids = drafter.draft_to_target.clone()
+        new_ids = select_draft_vocab(counts, drafter.config.draft_vocab_size, always_include=stop_ids(self.target))
+        head = self.target.model.get_output_embeddings().weight.detach()
+        with torch.no_grad():
+            rows, kept = remap_head_rows(old_ids, drafter.lm_head.weight, new_ids, head)
+            drafter.lm_head.weight.copy_(rows)
+        drafter.set_vocab_mapping(new_ids)
+        self.revocab_report = {"kept_rows": kept, "new_rows": int(new_ids.numel()) - kept,
+                               "coverage_before": coverage(counts, old_ids)}
+        return new_ids
 
     def _head_from_target(self, drafter: Eagle3Drafter, draft_ids: torch.Tensor) -> None:
         """Start the drafter's head where the target's is: its output rows for the draft vocabulary and
@@ -459,7 +482,8 @@ class Trainer:
                         "heldout": len(self.held_examples), "dropped_too_long": s.dropped_too_long,
                         "dropped_no_loss": s.dropped_no_loss, "tokens": s.tokens, "loss_tokens": s.loss_tokens,
                         "per_source": s.per_source},
-               "draft_vocab": {"size": self.drafter.config.draft_vocab_size, "coverage": self.vocab_coverage},
+               "draft_vocab": {"size": self.drafter.config.draft_vocab_size, "coverage": self.vocab_coverage,
+                               **({"revocab": self.revocab_report} if self.revocab_report else {})},
                "total_steps": self.total_steps, "warmup_steps": self.warmup, "world_size": self.dist.world,
                "micro_batches_per_epoch": self.stream.per_epoch(0), "torch_threads": torch.get_num_threads()}
         if self.cache_index is not None:

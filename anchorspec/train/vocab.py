@@ -128,3 +128,21 @@ def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
     if total == 0:
         raise AnchorspecError("coverage is undefined: no loss-masked tokens were counted (all loss_mask == 0?)")
     return float(c[ids].sum()) / total
+
+
+def remap_head_rows(old_ids: torch.Tensor, old_rows: torch.Tensor, new_ids: torch.Tensor,
+                    fallback: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Head rows for a new draft vocabulary: the old row of every target id the old vocabulary
+    had, ``fallback[target id]`` (e.g. the target's own head) for the others. Ids are target ids in
+    draft-row order. Returns (rows [len(new_ids), H], how many rows were kept)."""
+    old_ids, new_ids = old_ids.view(-1).long(), new_ids.view(-1).long()
+    if old_rows.shape[0] != old_ids.numel() or old_rows.shape[1] != fallback.shape[1]:
+        raise AnchorspecError(f"head rows {tuple(old_rows.shape)} do not match {old_ids.numel()} draft ids and a "
+                              f"fallback of width {fallback.shape[1]}")
+    where = torch.full((fallback.shape[0],), -1, dtype=torch.long)
+    where[old_ids] = torch.arange(old_ids.numel())
+    src = where[new_ids]
+    kept = src >= 0
+    rows = fallback[new_ids].to(device=old_rows.device, dtype=old_rows.dtype).clone()
+    rows[kept] = old_rows[src[kept]]
+    return rows, int(kept.sum())
