@@ -377,7 +377,10 @@ def test_cached_features_equal_online(setup, tmp_path):
     assert online.train_idx == cached.train_idx
     for idx in (cached.train_idx[:10], cached.held_idx + cached.train_idx[10:14], cached.train_idx[-12:]):
         bo, bc = online._batch(idx), cached._batch(idx)
-        assert bo[5] is None and bc[5] is not None and bc[2].shape[-1] == DRAFT_VOCAB
+        # both hand TTT draft-vocabulary logits and the in-draft flag of the target's full-vocabulary argmax
+        real = bo[4].bool()  # padding rows differ (the cache stores nothing there) and are never scored
+        assert bo[2].shape[-1] == bc[2].shape[-1] == DRAFT_VOCAB and torch.equal(bo[5][real], bc[5][real])
+        torch.testing.assert_close(bo[2][real], bc[2][real], atol=1e-9, rtol=0)
         lo, lko, ao, vo = online.objective(*bo)
         lc, lkc, ac, vc = cached.objective(*bc)
         assert torch.equal(vo, vc) and int(vo.sum()) > 0

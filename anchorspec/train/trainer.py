@@ -35,6 +35,7 @@ from anchorspec.errors import AnchorspecError
 from ..data.chat import DROP, KEEP
 from ..atomic import atomic_write
 from ..models.drafter import Eagle3Drafter, init_drafter, load_drafter, save_drafter
+from ..models.dtype import argmax_last
 from ..models.target import Target, load_target, parse_dtype
 from ..data.corpus import is_corpus, read_corpus
 from ..data.readers import jsonl_lines
@@ -499,8 +500,11 @@ class Trainer:
         """The objective's inputs for examples `indices` (global): from the cache or a target pass."""
         ids, lm, pm = collate([self.examples[i] for i in indices])
         if self.cache is None:
+            # The target's own logits (exact for heads with logit scaling too), handed to TTT already
+            # in the draft vocabulary: a [B, T, V] fp32 copy and a bf16 argmax cost more than the step.
             feats = self.target.features(ids, pm)
-            return feats.aux, ids, feats.logits, lm, pm, None
+            in_draft = self.drafter.t2d[argmax_last(feats.logits)]
+            return feats.aux, ids, feats.logits[..., self.drafter.draft_to_target], lm, pm, in_draft
         from .features import draft_logits
 
         f = self.cache.batch(indices)
