@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from ..models.drafter import Eagle3Drafter, KVCache
+from ..models.dtype import argmax_last
 from .batch import KVSlot
 from .drafting import DraftPass, Program, run_program
 from .program import run_nested
@@ -100,7 +101,7 @@ class EagleProposer:
         tokens, qs = [self.root], []
         for d in range(1, k + 1):
             if params.greedy:
-                draft_id = int(torch.argmax(logits))
+                draft_id = int(argmax_last(logits))
             else:
                 q = probs_from_logits(logits, params)
                 draft_id = sample(q, generator)

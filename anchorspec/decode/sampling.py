@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import AnchorspecError
+from ..models.dtype import argmax_last
 
 
 @dataclass(frozen=True)
@@ -58,5 +59,5 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """The target's next token from one row of logits: argmax for greedy, else a draw."""
     if params.greedy:
-        return int(torch.argmax(logits))
+        return int(argmax_last(logits))
     return sample(probs_from_logits(logits, params), generator)

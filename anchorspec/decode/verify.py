@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.dtype import argmax_last
 from .sampling import sample
 from .tree import DraftTree
 
@@ -43,7 +44,7 @@ def _uniform(generator) -> float:
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
     """target_logits [N, V]: row i is the target's prediction after node i."""
-    best = target_logits.argmax(dim=-1).tolist()
+    best = argmax_last(target_logits).tolist()
     tokens = tree.tokens.tolist()
     node, path = 0, [0]
     while True:
