@@ -331,8 +331,8 @@ class Trainer:
 
     def _revocab(self, drafter: Eagle3Drafter, counts: torch.Tensor) -> torch.Tensor:
         """Re-select the continued drafter's draft vocabulary from this data (same size): a vocabulary
-        chosen on other data can cover far fewer of this data's tokens (88.5 % against 99.1 % measured
-        on the ShareGPT corpus), and a token outside it can never be accepted. Rows of tokens in both
+        chosen on other data can cover far fewer of this data's tokens (89.7 % against 96.8 % measured
+        on the corpus of round 3), and a token outside it can never be accepted. Rows of tokens in both
         vocabularies keep their trained weights; new tokens start from the target's head rows."""
         old_ids = drafter.draft_to_target.clone()
         new_ids = select_draft_vocab(counts, drafter.config.draft_vocab_size, always_include=stop_ids(self.target))
