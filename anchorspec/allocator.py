@@ -1,13 +1,12 @@
-"""Process-wide allocator setting for CPU training.
+"""Process-wide allocator setting for CPU training, opt-in (ANCHORSPEC_MALLOC=keep).
 
 glibc serves allocations above 32 MB (a [2048, 8192] fp32 logits block is 67 MB) with fresh mmap
 pages and unmaps them on free, so every such tensor pays its page faults again: on a 2-core EPYC a
-TTT step spent more time faulting than in its loss (8.8 s against 11.5 s per 2048-token batch with
-the setting below, measured by a profile of `ttt_forward`). Telling glibc never to mmap and never to
-trim keeps freed blocks in the heap for the next step. The process's resident size then stays at its
-peak, which a training run reaches in its first step anyway.
-"""
-
+TTT step on fixed shapes ran 1.41x faster with glibc told never to mmap and never to trim
+(`benchmarks/bench_ttt.py`: 4.8 against 6.8 s per 2048-token micro-batch). But in a real run, where
+every micro-batch has another shape, the heap fragmented without bound: two online training
+processes grew to 11.6 GB each within 250 steps and the machine thrashed (measured, round 3 of the
+released drafters). So it is off unless asked for, for runs whose shapes repeat.
 from __future__ import annotations
 
 import ctypes
@@ -20,8 +19,8 @@ M_MMAP_MAX = -4
 
 
 def keep_freed_memory() -> bool:
-    """Apply the setting (glibc only; ANCHORSPEC_MALLOC=default opts out). True if it took effect."""
-    if os.environ.get("ANCHORSPEC_MALLOC") == "default" or not sys.platform.startswith("linux"):
+    """Apply the setting when ANCHORSPEC_MALLOC=keep (glibc only). True if it took effect."""
+    if os.environ.get("ANCHORSPEC_MALLOC") != "keep" or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -174,8 +174,10 @@ def cmd_generate(args) -> int:
         raise AnchorspecError("--no-spec and --drafter conflict: choose one")
     if not args.no_spec and not args.drafter:
         raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
-    if (args.chain is not None or args.tree is not None or args.adaptive) and args.no_spec:
-        raise AnchorspecError("--chain/--tree/--adaptive need a drafter; they conflict with --no-spec")
+    if (args.chain is not None or args.tree is not None or args.adaptive or args.depth_control) and args.no_spec:
+        raise AnchorspecError("--chain/--tree/--adaptive/--depth-control need a drafter; they conflict with --no-spec")
+    if args.adaptive and args.depth_control not in (None, "step"):
+        raise AnchorspecError(f"--adaptive is --depth-control step; it conflicts with --depth-control {args.depth_control}")
     if args.system is not None and not args.chat:
         raise AnchorspecError("--system needs --chat (the system prompt goes through the chat template)")
     if args.drafter and not Path(args.drafter).is_dir():
@@ -200,7 +202,8 @@ def cmd_generate(args) -> int:
         seed = None if args.seed is None else args.seed + i
         res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
-                              shape=shape, speculative=not args.no_spec, adaptive=args.adaptive)
+                              shape=shape, speculative=not args.no_spec, adaptive=args.adaptive,
+                              depth_control=args.depth_control)
         total = res.stats if total is None else total.merge(res.stats)
         bar.set_postfix_str(_summary(total, speculative=not args.no_spec))
         if args.json:
@@ -313,7 +316,7 @@ def cmd_train(args) -> int:
     _set_threads(args.threads)
     from .allocator import keep_freed_memory
 
-    keep_freed_memory()  # large per-step tensors: reuse freed heap pages instead of faulting fresh ones
+    keep_freed_memory()  # only with ANCHORSPEC_MALLOC=keep (allocator.py: faster, but can fragment)
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
@@ -610,7 +613,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, help="sampling seed (prompt i gets SEED + i)")
     g.add_argument("--adaptive", action="store_true",
                    help="adapt the draft depth during each generation (deeper after full accepts, shallower "
-                        "after wasted levels)")
+                        "after wasted levels); the same as --depth-control step")
+    g.add_argument("--depth-control", choices=["step", "pid"],
+                   help="adapt the draft depth during each generation: step (the --adaptive rule) or pid (a PID "
+                        "loop on the accepted share of each draft)")
     g.add_argument("--no-fallback", action="store_true",
                    help="speculate at every step (default: plain steps while the measured break-even says "
                         "speculation does not pay, with periodic retries)")

@@ -1,6 +1,7 @@
 """One TTT training step, timed: forward and backward of `ttt_forward` on one micro-batch, with the
-process allocator as `train` sets it (glibc kept from unmapping large freed blocks) and as glibc
-leaves it, each in its own process.
+process allocator as glibc leaves it and as ANCHORSPEC_MALLOC=keep sets it (glibc kept from
+unmapping large freed blocks: faster on repeated shapes, see anchorspec/allocator.py for why it is
+off by default), each in its own process.
 
     python benchmarks/bench_ttt.py [--drafter checkpoints/smollm2-135m-instruct-eagle3.1] [--rows 4]
         [--tokens 512] [--ttt-steps 4] [--dtype bfloat16] [--threads 1] [--repeats 5] [--json FILE]
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -31,6 +33,8 @@ def time_steps(args) -> dict:
     from anchorspec.models.drafter import load_drafter
     from anchorspec.train.ttt import ttt_forward
 
+    if args.allocator == "keep":
+        os.environ["ANCHORSPEC_MALLOC"] = "keep"
     applied = keep_freed_memory() if args.allocator == "keep" else False
     torch.set_num_threads(args.threads)
     d = load_drafter(args.drafter, torch.float32)
