@@ -7,6 +7,8 @@ TTT step on fixed shapes ran 1.41x faster with glibc told never to mmap and neve
 every micro-batch has another shape, the heap fragmented without bound: two online training
 processes grew to 11.6 GB each within 250 steps and the machine thrashed (measured, round 3 of the
 released drafters). So it is off unless asked for, for runs whose shapes repeat.
+"""
+
 from __future__ import annotations
 
 import ctypes
