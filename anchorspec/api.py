@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .data.chat import prompt_ids
-from .decode.adaptive import AdaptiveDepth
+from .decode.adaptive import depth_controller
 from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
 from .decode.fallback import StreamMonitor
 from .decode.propose import EagleProposer
@@ -133,15 +133,19 @@ class Engine:
     def generate(self, prompt: str | list[int] | torch.Tensor, *, chat: bool = False, system: str | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, shape: TreeShape | None = None, speculative: bool = True,
-                 adaptive: bool = False) -> Completion:
-        """`adaptive`: start from the shape and adapt its depth to the acceptance of this generation."""
+                 adaptive: bool = False, depth_control: str | None = None) -> Completion:
+        """`depth_control`: "step" or "pid" start from the shape and adapt its depth to the acceptance
+        of this generation (decode/adaptive.py); `adaptive=True` is "step"."""
+        if adaptive and depth_control not in (None, "step"):
+            raise AnchorspecError(f"adaptive=True is depth_control='step'; it conflicts with {depth_control!r}")
         ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else prompt
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature, top_p, top_k),
                                seed=seed, stop_token_ids=self.stop_token_ids())
         if speculative and self.proposer is not None:
             base = shape or self.shape
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
-                                                         AdaptiveDepth(base) if adaptive else base, self.monitor)
+                                                         depth_controller("step" if adaptive else depth_control,
+                                                                          base), self.monitor)
         else:
             res = generate_vanilla(self.target, ids, cfg)
         text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""

@@ -65,3 +65,50 @@ def test_adaptive_is_lossless_and_adapts(family, base):
     res = generate_speculative(target, EagleProposer(drafter), prompt, cfg, weak)
     assert res.token_ids == ref
     assert weak.history[-1] < base.depth  # a random drafter: it backed off
+
+
+def test_pid_moves_with_the_accepted_share_and_stays_in_bounds():
+    from anchorspec.decode.adaptive import PIDDepth, depth_controller
+
+    c = PIDDepth(TreeShape.chain(3), min_depth=1, max_depth=8)
+    for _ in range(6):
+        c.observe(c.depth, c.depth)  # everything accepted: above the setpoint, it goes deeper
+    assert c.depth == 8 and c.x == 8.0  # clamped: no wind-up past the bound
+    first_drop = None
+    for _ in range(12):
+        before = c.depth
+        c.observe(c.depth, 0)  # nothing accepted: it backs off, by more than one level at first
+        first_drop = before - c.depth if first_drop is None else first_drop
+    assert c.depth == 1 and first_drop >= 2
+    steady = PIDDepth(TreeShape.chain(4))
+    for _ in range(10):
+        steady.observe(steady.depth, steady.depth // 2)  # exactly the setpoint: the depth holds
+    assert steady.depth == 4 and {d for d, _, _ in steady.trace} == {4}
+    c.depth, c.x = 5, 5.0
+    c.observe(2, 0)  # a draft cut short by the token budget says nothing
+    assert c.depth == 5 and c.history[-1] == 2
+    assert isinstance(depth_controller("pid", TreeShape.chain(2)), PIDDepth)
+    assert depth_controller(None, TreeShape.chain(2)) == TreeShape.chain(2)
+    with pytest.raises(AnchorspecError, match="depth control"):
+        depth_controller("bang-bang", TreeShape.chain(2))
+    with pytest.raises(AnchorspecError, match="setpoint"):
+        PIDDepth(TreeShape.chain(2), setpoint=1.5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("base", [TreeShape.chain(3), TreeShape(2, 3, 7)])
+def test_pid_is_lossless_and_adapts(family, base):
+    from anchorspec.decode.adaptive import PIDDepth
+
+    target = tiny_target(family)
+    prompt = torch.tensor([3, 4, 5, 6, 7])
+    cfg = GenerationConfig(max_new_tokens=40)
+    ref = generate_vanilla(target, prompt, cfg).token_ids
+    oracle = PIDDepth(base, max_depth=6)
+    assert generate_speculative(target, OracleProposer(target), prompt, cfg, oracle).token_ids == ref
+    assert max(oracle.history) == 6
+    drafter = init_drafter(target.config, "eagle3.1", seed=5).to(torch.float64)
+    attach_drafter(target, drafter)
+    weak = PIDDepth(base)
+    assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, weak).token_ids == ref
+    assert weak.history[-1] < base.depth
