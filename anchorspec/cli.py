@@ -235,10 +235,11 @@ def cmd_init_drafter(args) -> int:
         raise AnchorspecError(f"--draft-vocab-size must be in 1..{tcfg.vocab_size}, got {args.draft_vocab_size}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise AnchorspecError(f"--out {args.out} exists and is not a directory")
-    drafter = init_drafter(tcfg, args.variant, args.draft_vocab_size, aux, seed=args.seed)
+    drafter = init_drafter(tcfg, args.variant, args.draft_vocab_size, aux, seed=args.seed, num_layers=args.draft_layers)
     save_drafter(drafter, args.out)
     c = drafter.config
-    print(f"wrote {c.variant} drafter to {args.out} (fc_norm={c.fc_norm}, norm_output={c.norm_output}, "
+    layers = f"{c.num_hidden_layers} decoder layers, " if c.num_hidden_layers > 1 else ""
+    print(f"wrote {c.variant} drafter to {args.out} ({layers}fc_norm={c.fc_norm}, norm_output={c.norm_output}, "
           f"draft vocab {c.draft_vocab_size}/{c.vocab_size}, aux layers {c.eagle_aux_hidden_state_layer_ids})")
     return 0
 
@@ -320,7 +321,8 @@ def cmd_train(args) -> int:
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
-        init_from=args.init_from, init_head=args.init_head, revocab=args.revocab,
+        init_from=args.init_from, init_head=args.init_head, revocab=args.revocab, draft_layers=args.draft_layers,
+        attn_align=args.attn_align, stage=args.stage, accept_slots=args.accept_slots,
         draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
         grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, heldout=args.heldout, system=args.system,
@@ -634,6 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--draft-vocab-size", type=int,  # range 1..vocab checked against the target's config
                    help="draft vocabulary size (default: the target's whole vocabulary)")
     _add_aux_layers(i)
+    i.add_argument("--draft-layers", type=_count, default=1, metavar="N",
+                   help="decoder layers (1 = EAGLE-3; more: vLLM's multi-layer layout, not SGLang or llama.cpp)")
     i.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     i.set_defaults(func=cmd_init_drafter)
 
@@ -715,6 +719,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--variant", choices=["eagle3", "eagle3.1"],
                    help="eagle3.1 adds fc_norm and norm_output (see README) (default: eagle3.1, or --init-from's)")
     t.add_argument("--ttt-steps", type=_count, default=7, help="training-time-test unroll depth K")
+    t.add_argument("--draft-layers", type=_count, metavar="N",
+                   help="a new drafter's decoder layers (default: 1, or --init-from's); more than 1 exports to vLLM only")
+    t.add_argument("--attn-align", type=_non_negative, default=0.0, metavar="WEIGHT",
+                   help="weight of an auxiliary loss that makes the drafter's attention over the context follow the "
+                        "target's (its highest aux layer, head-mean; needs online features, not --feature-cache)")
+    t.add_argument("--stage", default="distill", choices=["distill", "accept"],
+                   help="distill: TTT against the target's distributions; accept: a second stage from --init-from "
+                        "that maximises the expected accepted length of the drafter's own chains (--ttt-steps long)")
+    t.add_argument("--accept-slots", type=_count, default=16, metavar="S",
+                   help="--stage accept: drafted chains scored by the target per sequence")
     t.add_argument("--draft-vocab-size", type=_count,
                    help="the most frequent assistant tokens the drafter predicts (default: 16384, or --init-from's)")
     t.add_argument("--max-len", type=_count, default=2048, help="longer conversations are dropped")

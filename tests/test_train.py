@@ -381,8 +381,8 @@ def test_cached_features_equal_online(setup, tmp_path):
         real = bo[4].bool()  # padding rows differ (the cache stores nothing there) and are never scored
         assert bo[2].shape[-1] == bc[2].shape[-1] == DRAFT_VOCAB and torch.equal(bo[5][real], bc[5][real])
         torch.testing.assert_close(bo[2][real], bc[2][real], atol=1e-9, rtol=0)
-        lo, lko, ao, vo = online.objective(*bo)
-        lc, lkc, ac, vc = cached.objective(*bc)
+        lo, lko, ao, vo, _ = online.objective(*bo)
+        lc, lkc, ac, vc, _ = cached.objective(*bc)
         assert torch.equal(vo, vc) and int(vo.sum()) > 0
         torch.testing.assert_close(lc, lo, atol=1e-9, rtol=0)
         torch.testing.assert_close(lkc, lko, atol=1e-9, rtol=0)

@@ -1,4 +1,4 @@
-"""EAGLE-3 / EAGLE-3.1 drafter: one Llama-style decoder layer over (token embedding, feature).
+"""EAGLE-3 / EAGLE-3.1 drafter: Llama-style decoder layers over (token embedding, feature).
 
 Math (spec §3), per step:
     u      = concat(input_layernorm(embed(token)), hidden_norm(x_in))       # [2H]
@@ -7,6 +7,13 @@ Math (spec §3), per step:
     logits = lm_head(norm(h))                                                # always normed
     x_next = norm(h) if norm_output (3.1) else h                             # fed to the next step
 At context positions x_in = fc(concat(fc_norm_j(a_j))) (fc_norm only in 3.1, one norm per chunk).
+
+With num_hidden_layers N > 1 the first layer is the one above (`midlayer`) and layers 1..N-1 are
+plain pre-norm Llama layers on its output h (attention input H, no hidden_norm, no embedding):
+    r = h + o_proj(attn(input_layernorm(h)));  h = r + mlp(post_attention_layernorm(r))
+with the same RoPE positions; `norm`, lm_head and the fed-back state follow the last layer. This is
+vLLM's multi-layer Eagle3 LlamaModel (llama_eagle3.py: layer_idx 0 concatenates, later layers take
+hidden_states + residual through input_layernorm); checkpoints name the layers `layers.i.*`.
 
 The token embedding is the target's (frozen, shared, never saved).
 """
@@ -53,8 +60,8 @@ class DrafterConfig:
     def __post_init__(self):
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_hidden_layers != 1:
-            raise AnchorspecError(f"drafter num_hidden_layers={self.num_hidden_layers}; only 1-layer EAGLE-3 drafters are supported")
+        if not isinstance(self.num_hidden_layers, int) or self.num_hidden_layers < 1:
+            raise AnchorspecError(f"drafter num_hidden_layers={self.num_hidden_layers!r}; give a whole number >= 1")
         if self.num_attention_heads % self.num_key_value_heads:
             raise AnchorspecError(
                 f"drafter num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -155,11 +162,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """The drafter's own KV cache: one layer, [B, n_kv, S, head_dim], grown in place, cropped on rollback."""
+    """The drafter's own KV cache, [B, n_kv, S, head_dim], grown in place, cropped on rollback.
+
+    This object is the first layer's cache; a multi-layer drafter keeps layers 1.. in `layer(i)`
+    (made on first use, cropped with this one), so callers hold one KVCache whatever the depth."""
 
     def __init__(self):
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self._deeper: list[KVCache] = []
+
+    def layer(self, i: int) -> "KVCache":
+        if i == 0:
+            return self
+        while len(self._deeper) < i:
+            self._deeper.append(KVCache())
+        return self._deeper[i - 1]
+
+    def layer_rows(self, num_layers: int, empty: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer ([keys], [values]) [B, n_kv, S, head_dim] of `num_layers` layers (`empty` for none yet)."""
+        caches = [self.layer(i) for i in range(num_layers)]
+        return ([empty if c.k is None else c.k for c in caches], [empty if c.v is None else c.v for c in caches])
 
     @property
     def length(self) -> int:
@@ -173,25 +196,63 @@ class KVCache:
     def crop(self, length: int) -> None:
         if self.k is not None:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+        for deeper in self._deeper:
+            deeper.crop(length)
+
+
+class _LayerOfCache:
+    """Layer i of an HF-style cache (`update(k, v, layer_idx)`, e.g. decode's batched drafter cache)
+    seen through the one-layer `append` interface."""
+
+    def __init__(self, cache, i: int):
+        self.cache, self.i = cache, i
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def append(self, k, v):
+        try:
+            return self.cache.update(k, v, self.i)
+        except IndexError as exc:  # its buffers were made from a one-layer drafter cache
+            raise AnchorspecError(f"this drafter cache holds fewer layers than the drafter's {self.i + 1}+ "
+                                  "(a batched cache must be given every layer's rows)") from exc
+
+
+def layer_cache(cache, i: int):
+    """Layer i's view of a drafter cache: KVCache, or anything with HF's `update(k, v, layer_idx)`."""
+    if i == 0:
+        return cache
+    if isinstance(cache, KVCache):
+        return cache.layer(i)
+    if hasattr(cache, "update"):
+        return _LayerOfCache(cache, i)
+    raise AnchorspecError(f"drafter cache {type(cache).__name__} holds one layer; this drafter has more")
 
 
 class DrafterAttention(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, in_features: int):
         super().__init__()
         self.cfg = cfg
         nh, nkv, hd, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
-        self.q_proj = nn.Linear(2 * H, nh * hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(2 * H, nkv * hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(2 * H, nkv * hd, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(in_features, nh * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(in_features, nkv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(in_features, nkv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(nh * hd, H, bias=False)
 
-    def forward(self, u, cos, sin, cache: KVCache, mask, want_probs: bool):
+    def project(self, u, cos, sin):
+        """(q, k, v) of u [B,T,in]: [B, heads or kv heads, T, head_dim], q and k rotated."""
         B, T, _ = u.shape
         c = self.cfg
         q = self.q_proj(u).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(u).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(u).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, u, cos, sin, cache: KVCache, mask, want_probs: bool):
+        B, T, _ = u.shape
+        c = self.cfg
+        q, k, v = self.project(u, cos, sin)
         k_all, v_all = cache.append(k, v)
         groups = c.num_attention_heads // c.num_key_value_heads
         probs = None
@@ -223,28 +284,41 @@ class DrafterMLP(nn.Module):
 
 
 class DrafterLayer(nn.Module):
-    """The `midlayer`: a Llama decoder layer whose attention reads the 2H (embedding, feature) concat."""
+    """The `midlayer` (first=True): a Llama decoder layer whose attention reads the 2H (embedding,
+    feature) concat. first=False: a plain pre-norm Llama layer on the previous layer's output."""
 
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, first: bool = True):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DrafterAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        H = cfg.hidden_size
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        if first:
+            self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.first = first
+        self.self_attn = DrafterAttention(cfg, 2 * H if first else H)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = DrafterMLP(cfg)
 
-    def forward(self, emb, x_in, cos, sin, cache, mask, want_probs):
-        u = torch.cat([self.input_layernorm(emb), self.hidden_norm(x_in)], dim=-1)
-        attn, probs = self.self_attn(u, cos, sin, cache, mask, want_probs)
+    def attn_input(self, emb, x_in):
+        """What q/k/v read: concat(input_layernorm(emb), hidden_norm(x_in)) first, else input_layernorm(x_in)."""
+        if self.first:
+            return torch.cat([self.input_layernorm(emb), self.hidden_norm(x_in)], dim=-1)
+        return self.input_layernorm(x_in)
+
+    def finish(self, x_in, attn):
+        """The residual adds and the MLP after attention (the residual is the UN-normed x_in)."""
         r1 = x_in + attn
-        return r1 + self.mlp(self.post_attention_layernorm(r1)), probs
+        return r1 + self.mlp(self.post_attention_layernorm(r1))
+
+    def forward(self, emb, x_in, cos, sin, cache, mask, want_probs):
+        attn, probs = self.self_attn(self.attn_input(emb, x_in), cos, sin, cache, mask, want_probs)
+        return self.finish(x_in, attn), probs
 
 
 @dataclass
 class DraftStep:
     logits: torch.Tensor  # [B, T, Vd] float32, over the draft vocabulary
     next_hidden: torch.Tensor  # [B, T, H] what the next speculative step receives as x_in
-    attn_probs: torch.Tensor | None = None  # [B, heads, T, S] when asked for (drift diagnostics)
+    attn_probs: torch.Tensor | None = None  # [B, heads, T, S] when asked for: the first layer's (drift diagnostics)
 
 
 class Eagle3Drafter(nn.Module):
@@ -255,6 +329,8 @@ class Eagle3Drafter(nn.Module):
         self.fc = nn.Linear(n_aux * Ht, H, bias=bool(cfg.extra.get("bias", False)))
         self.fc_norm = nn.ModuleList(RMSNorm(Ht, cfg.rms_norm_eps) for _ in range(n_aux)) if cfg.fc_norm else None
         self.midlayer = DrafterLayer(cfg)
+        # layers 1..N-1 (none for the usual one-layer drafter, whose state dict is unchanged)
+        self.deep_layers = nn.ModuleList(DrafterLayer(cfg, first=False) for _ in range(cfg.num_hidden_layers - 1))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -325,10 +401,15 @@ class Eagle3Drafter(nn.Module):
         return DraftStep(logits=self.head(normed[:, -1:] if last_only else normed),
                          next_hidden=self.fed_back(h, normed), attn_probs=probs)
 
+    @property
+    def decoder_layers(self) -> list[DrafterLayer]:
+        return [self.midlayer, *self.deep_layers]
+
     def layer(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False):
-        """The decoder layer of `step`: (h, norm(h), attention probs or None). `cache` is anything
-        with `append(k, v) -> (all keys, all values)` and `length`: a KVCache, or the view of a
-        batched drafter cache (decode/drafting.py) with an explicit mask."""
+        """The decoder layers of `step`: (h, norm(h), the first layer's attention probs or None).
+        `cache` is anything with `append(k, v) -> (all keys, all values)` and `length`: a KVCache, or
+        the view of a batched drafter cache (decode/drafting.py) with an explicit mask; layers past
+        the first use `layer_cache(cache, i)`."""
         if self.embed_weight is None:
             raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
         dtype = self.fc.weight.dtype
@@ -339,6 +420,8 @@ class Eagle3Drafter(nn.Module):
             mask = CAUSAL if first else causal_mask(token_ids.shape[1], cache.length, dtype, emb.device)
         cos, sin = self.rope(position_ids, dtype)
         h, probs = self.midlayer(emb, x_in.to(dtype), cos, sin, cache, mask, want_attn)
+        for i, deeper in enumerate(self.deep_layers, start=1):
+            h, _ = deeper(emb, h, cos, sin, layer_cache(cache, i), mask, False)
         return h, self.norm(h), probs
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
@@ -367,15 +450,45 @@ def additive_mask(allowed: torch.Tensor, dtype) -> torch.Tensor:
 # --- checkpoints --------------------------------------------------------------------------------
 
 def _canonical_key(key: str) -> str:
+    """A checkpoint key -> the module's: `model.` dropped, `layers.0.` -> `midlayer.`, `layers.i.` ->
+    `deep_layers.{i-1}.` (EAGLE's one-layer checkpoints say midlayer, vLLM's layout says layers.i)."""
     if key.startswith("model."):
         key = key[len("model."):]
-    if key.startswith("layers.0."):
-        key = "midlayer." + key[len("layers.0."):]
+    if key.startswith("layers."):
+        index, _, rest = key[len("layers."):].partition(".")
+        if index.isdigit():
+            i = int(index)
+            key = f"midlayer.{rest}" if i == 0 else f"deep_layers.{i - 1}.{rest}"
     return key
 
 
+def checkpoint_key(key: str, num_layers: int) -> str:
+    """A module key -> the checkpoint's. One layer: unchanged (`midlayer.*`, EAGLE's own names, what
+    every engine and the existing checkpoints use). N layers: `layers.i.*` for every layer (vLLM's
+    names; its loader also renames midlayer. to layers.0.)."""
+    if num_layers == 1:
+        return key
+    if key.startswith("midlayer."):
+        return "layers.0." + key[len("midlayer."):]
+    if key.startswith("deep_layers."):
+        index, _, rest = key[len("deep_layers."):].partition(".")
+        return f"layers.{int(index) + 1}.{rest}"
+    return key
+
+
+def checkpoint_state(drafter: "Eagle3Drafter") -> dict[str, torch.Tensor]:
+    """The drafter's tensors under their checkpoint names (see `checkpoint_key`), detached."""
+    n = drafter.config.num_hidden_layers
+    return {checkpoint_key(k, n): v.detach().contiguous() for k, v in drafter.state_dict().items()}
+
+
+def module_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors under the module's names (the inverse of `checkpoint_state`)."""
+    return {_canonical_key(k): v for k, v in raw.items()}
+
+
 def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
-    """Load a drafter directory: config.json + model.safetensors (flat, `layers.0.*` or `model.*` keys)."""
+    """Load a drafter directory: config.json + model.safetensors (flat `midlayer.*`, `layers.i.*` or `model.*` keys)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -394,8 +507,10 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32) ->
         raw = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as exc:
         raise AnchorspecError(f"drafter weights {weights} are corrupt or unreadable: {exc}") from exc
-    state = {_canonical_key(k): v for k, v in raw.items()}
+    state = module_state(raw)
     state.pop("embed_tokens.weight", None)  # shared with the target
+    for k in [k for k in state if k.startswith("deep_layers.") and ".hidden_norm." in k]:
+        del state[k]  # vLLM builds a hidden_norm in every layer; only the first one's is used
     drafter = Eagle3Drafter(cfg)
     expected = drafter.state_dict()
     if cfg.draft_vocab_size == cfg.vocab_size:  # EAGLE deletes the mapping when the vocabularies match
@@ -437,7 +552,7 @@ def save_drafter(drafter: Eagle3Drafter, path: str | os.PathLike, dtype: torch.d
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    state = checkpoint_state(drafter)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     cfg = drafter.config.to_dict()
@@ -447,8 +562,9 @@ def save_drafter(drafter: Eagle3Drafter, path: str | os.PathLike, dtype: torch.d
 
 
 def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int | None = None,
-                 aux_layer_ids=None, seed: int = 0, init_std: float = 0.02) -> Eagle3Drafter:
-    """A randomly initialised drafter shaped after the target (the start point for training and tests)."""
+                 aux_layer_ids=None, seed: int = 0, init_std: float = 0.02, num_layers: int = 1) -> Eagle3Drafter:
+    """A randomly initialised drafter shaped after the target (the start point for training and tests)
+    with `num_layers` decoder layers."""
     if variant not in ("eagle3", "eagle3.1"):
         raise AnchorspecError(f"unknown drafter variant {variant!r}; choose eagle3 or eagle3.1")
     tc = target_config
@@ -473,6 +589,7 @@ def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int
         fc_norm=variant == "eagle3.1",
         norm_output=variant == "eagle3.1",
         eagle_aux_hidden_state_layer_ids=list((2, L // 2, L - 3) if aux_layer_ids is None else aux_layer_ids),
+        num_hidden_layers=num_layers,
     )
     gen = torch.Generator().manual_seed(seed)
     drafter = Eagle3Drafter(cfg)

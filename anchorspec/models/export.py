@@ -14,6 +14,13 @@ vLLM, vllm/model_executor/models/llama_eagle3.py (commit 00bd1493) + registry + 
   - the first layer's residual: hidden_norm is applied after taking the residual unless
     "norm_before_residual" is true (that is our drafter's math, so it is written as false).
   - qkv bias follows "attention_bias"; lm_head has "draft_vocab_size" rows (defaults to vocab_size).
+  - num_hidden_layers N: LlamaModel builds N decoder layers named layers.i (parameter names; the
+    attention prefix is offset by the target's layer count, for the KV cache only). Layer 0 takes
+    concat(input_layernorm(embeds), hidden_norm(x)) (qkv input 2H); layers i >= 1 are plain Llama
+    layers (qkv input H) on hidden_states + residual through input_layernorm, then the final norm:
+    the math of our deep_layers. Their hidden_norm parameter exists but is unused; the loader
+    (AutoWeightsLoader, load_weights returns None) does not require every parameter, so it is not
+    written. A multi-layer drafter is written with `layers.i.*` keys for every layer.
   - aux layers: gpu_model_runner reads top-level "eagle_aux_hidden_state_layer_ids" (then
     eagle_config's); the target appends `hidden_states + residual` *before* layer i, i.e. the
     input of layer i = HF hidden_states[i]: the same convention as ours, written unchanged.
@@ -24,6 +31,10 @@ vLLM, vllm/model_executor/models/llama_eagle3.py (commit 00bd1493) + registry + 
 
 SGLang, python/sglang/srt/models/llama_eagle3.py (commits d737979c, 03d5a777) + model_runner:
   - EntryClass LlamaForCausalLMEagle3; "num_hidden_layers" must be 1 (d737979c raises otherwise).
+    The later 03d5a777 builds layers 1..N-1 as `additional_layers.{i-1}` (BasicDecoderLayer: its
+    pre-attention norm is named hidden_norm) and each starts with `residual = hidden_states`, the
+    previous layer's MLP output alone: the first layer's residual stream is dropped, so it is not
+    the same model as vLLM's (or ours). Multi-layer drafters are refused for SGLang.
   - weights: module is model.midlayer (NOT layers.0: a "layers.0." key finds no parameter and is
     skipped silently), so keys are written as "midlayer.*"; "d2t" becomes hot_token_id = d2t +
     arange; "t2d" skipped; any key without a matching parameter is skipped *silently*.
@@ -48,18 +59,16 @@ import torch
 
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
-from .drafter import Eagle3Drafter
+from .drafter import Eagle3Drafter, checkpoint_state
 
 FORMATS = ("vllm", "sglang")
 
 
 def export_state(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors: bf16 weights under EAGLE's own names (midlayer.*), int64 d2t, bool t2d."""
-    out = {}
-    for key, value in drafter.state_dict().items():
-        value = value.detach().contiguous()
-        out[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
-    return out
+    """Checkpoint tensors: bf16 weights under EAGLE's own names (midlayer.*; layers.i.* for a
+    multi-layer drafter), int64 d2t, bool t2d."""
+    return {key: value.to(torch.bfloat16) if value.is_floating_point() else value
+            for key, value in checkpoint_state(drafter).items()}
 
 
 def export_config(drafter: Eagle3Drafter, fmt: str) -> dict:
@@ -67,7 +76,7 @@ def export_config(drafter: Eagle3Drafter, fmt: str) -> dict:
     ids = list(drafter.config.eagle_aux_hidden_state_layer_ids or [])
     cfg.pop("eagle_aux_hidden_state_layer_ids", None)
     cfg.pop("eagle_config", None)
-    cfg.update(torch_dtype="bfloat16", num_hidden_layers=1, tie_word_embeddings=False,
+    cfg.update(torch_dtype="bfloat16", num_hidden_layers=drafter.config.num_hidden_layers, tie_word_embeddings=False,
                draft_vocab_size=drafter.config.draft_vocab_size, target_hidden_size=drafter.config.target_hidden_size,
                fc_norm=drafter.config.fc_norm, norm_output=drafter.config.norm_output)
     if fmt == "vllm":
@@ -96,6 +105,9 @@ def export_drafter(drafter: Eagle3Drafter, out: str | Path, fmt: str) -> list[st
                               f"this one has {c.num_aux}")
     if fmt == "vllm" and drafter.fc.bias is not None:
         raise AnchorspecError("vLLM's EAGLE-3 fc has no bias; this drafter's fc has one")
+    if fmt == "sglang" and c.num_hidden_layers > 1:
+        raise AnchorspecError(f"SGLang's EAGLE-3 cannot run this {c.num_hidden_layers}-layer drafter (its extra layers "
+                              "drop the first layer's residual stream); export it with --format vllm")
     warnings = []
     if c.variant == "eagle3.1":
         warnings.append(f"EAGLE-3.1 drafter (fc_norm={c.fc_norm}, norm_output={c.norm_output}): needs a {fmt} "

@@ -30,6 +30,9 @@ src/models/llama.cpp, common/speculative.cpp and gguf-py/gguf/constants.py.
 - Norms and rope factors are F32; 2-D weights F32, F16 or BF16 ("auto": the checkpoint's own
   16-bit type, else F32, like the converter's auto).
 
+One decoder layer only: eagle3.cpp's decoder graph asserts n_layer == 1 and its loader builds every
+layer with a 2H (embedding, feature) attention input, so multi-layer drafters are refused.
+
 EAGLE-3.1 cannot be expressed: llama.cpp's norm_before_fc is ONE RMSNorm over the concatenated
 features (ours, fc_norm, is one per captured state, with its own weights), and the decoder feeds the
 pre-norm state to the next draft step (ours, norm_output, feeds the normed one). Dropping either
@@ -67,6 +70,9 @@ def llamacpp_refusal(drafter: Eagle3Drafter) -> str | None:
                            "pre-norm state)")
         return (f"llama.cpp cannot express this EAGLE-3.1 drafter's {' or '.join(missing)}; export it with "
                 "--format vllm, or export an EAGLE-3 drafter to gguf")
+    if c.num_hidden_layers != 1:
+        # eagle3.cpp: GGML_ASSERT(n_layer == 1), and it loads every layer with a 2H attention input
+        return f"llama.cpp's eagle3 runs one decoder layer; this drafter has {c.num_hidden_layers}: export it with --format vllm"
     if c.num_aux != NUM_TARGET_LAYERS:
         return f"llama.cpp's eagle3 takes exactly {NUM_TARGET_LAYERS} target layers; this drafter has {c.num_aux}"
     if drafter.fc.bias is not None or c.attention_bias:

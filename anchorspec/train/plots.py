@@ -29,8 +29,12 @@ def plot_training(metrics_path, png_path, title: str = "TTT training") -> None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     steps = [r["step"] for r in train]
-    axes[0].plot(steps, [r["loss"] for r in train])
-    axes[0].set(title="train loss (sum of 0.8^k-weighted steps)", xlabel="step", yscale="log")
+    if "expected_accept_len" in train[-1]:  # --stage accept: the loss is -E, plot E itself
+        axes[0].plot(steps, [r["expected_accept_len"] for r in train])
+        axes[0].set(title="expected accepted length of own chains (train)", xlabel="step")
+    else:
+        axes[0].plot(steps, [r["loss"] for r in train])
+        axes[0].set(title="train loss (sum of 0.8^k-weighted steps)", xlabel="step", yscale="log")
     K = len(train[-1]["acc_per_step"])
     cmap = plt.get_cmap("viridis")
     for k in range(K):

@@ -48,7 +48,10 @@ from .vocab import count_loss_tokens, coverage, remap_head_rows, select_draft_vo
 TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
                      "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
                      "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head",
-                     "revocab")
+                     "revocab", "draft_layers", "attn_align", "stage", "accept_slots")
+# Trajectory fields added later: a run.json written before them ran with these values.
+FIELD_DEFAULTS = {"draft_layers": 1, "attn_align": 0.0, "stage": "distill", "accept_slots": 16}
+STAGES = ("distill", "accept")
 DEFAULT_DRAFT_VOCAB = 16384
 
 
@@ -63,6 +66,10 @@ class TrainConfig:
     init_from: str | None = None  # a drafter directory to continue from (its weights and draft vocabulary)
     init_head: str = "random"  # random | target: lm_head rows and final norm copied from the target's head
     revocab: bool = False  # with init_from: re-select the draft vocabulary (same size) from this data
+    draft_layers: int | None = None  # decoder layers: None = 1 for a new drafter, or --init-from's
+    attn_align: float = 0.0  # weight of the attention-alignment loss (train/attn_align.py); 0 = off
+    stage: str = "distill"  # distill (TTT) | accept (expected accepted length, train/accept.py; needs init_from)
+    accept_slots: int = 16  # stage accept: drafted chains scored per sequence
     max_len: int = 2048
     epochs: int | None = None
     max_steps: int | None = None
@@ -98,6 +105,9 @@ class TrainConfig:
         if self.init_from is None:  # flags left out: a new drafter's defaults
             self.variant = self.variant or "eagle3.1"
             self.draft_vocab_size = self.draft_vocab_size or DEFAULT_DRAFT_VOCAB
+            self.draft_layers = 1 if self.draft_layers is None else self.draft_layers
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise AnchorspecError(f"--draft-layers must be >= 1, got {self.draft_layers}")
         if self.variant is not None and self.variant not in ("eagle3", "eagle3.1"):
             raise AnchorspecError(f"--variant must be eagle3 or eagle3.1, got {self.variant!r}")
         if (self.epochs is None) == (self.max_steps is None):
@@ -120,6 +130,22 @@ class TrainConfig:
             raise AnchorspecError(f"--system must be keep, drop or vary, got {self.system!r}")
         if self.system == "vary" and not self.system_choices:
             raise AnchorspecError("--system vary needs system prompt choices")
+        if not self.attn_align >= 0:
+            raise AnchorspecError(f"--attn-align must be >= 0, got {self.attn_align}")
+        if self.attn_align and self.feature_cache:
+            raise AnchorspecError("--attn-align needs online target features: the feature cache stores no attention "
+                                  "maps (drop --feature-cache)")
+        if self.stage not in STAGES:
+            raise AnchorspecError(f"--stage must be {' or '.join(STAGES)}, got {self.stage!r}")
+        if self.stage == "accept":
+            if self.init_from is None:
+                raise AnchorspecError("--stage accept is a second stage: give the distilled drafter with --init-from")
+            if self.feature_cache:
+                raise AnchorspecError("--stage accept runs the target on the drafter's own drafts: drop --feature-cache")
+            if self.attn_align:
+                raise AnchorspecError("--attn-align applies to the distillation stage, not --stage accept")
+        if self.accept_slots < 1:
+            raise AnchorspecError(f"--accept-slots must be >= 1, got {self.accept_slots}")
         if self.eval_prompts < 0:
             raise AnchorspecError(f"--eval-prompts must be >= 0, got {self.eval_prompts}")
 
@@ -142,18 +168,42 @@ def simulated_tau(acc_per_step) -> float:
     return tau
 
 
+class AcceptObjective(nn.Module):
+    """The drafter with the stage-accept loss (train/accept.py) as its forward; the target scores the
+    drafts (held outside the module's parameters: it is frozen and not DDP's to synchronise)."""
+
+    def __init__(self, drafter: Eagle3Drafter, target: Target, steps: int, slots: int):
+        super().__init__()
+        self.drafter = drafter
+        object.__setattr__(self, "target", target)
+        self.steps = steps
+        self.slots = slots
+
+    def forward(self, aux, input_ids, target_logits, loss_mask, padding_mask):
+        """(loss = -mean expected accepted length, loss per depth, acceptance per depth, counts, mean E)."""
+        from .accept import accept_objective, depth_figures
+
+        out = accept_objective(self.drafter, self.target, aux, input_ids, target_logits, loss_mask, padding_mask,
+                               self.steps, self.slots)
+        loss_k, acc_k, valid_k = depth_figures(out, self.steps)
+        return out["loss"], loss_k, acc_k, valid_k, -out["loss"].detach()
+
+
 class TTTObjective(nn.Module):
     """The drafter with the TTT loss as its forward, so DistributedDataParallel can wrap it."""
 
-    def __init__(self, drafter: Eagle3Drafter, steps: int):
+    def __init__(self, drafter: Eagle3Drafter, steps: int, attn_align: float = 0.0):
         super().__init__()
         self.drafter = drafter
         self.steps = steps
+        self.attn_align = attn_align
 
-    def forward(self, aux, input_ids, target_logits, loss_mask, padding_mask, target_in_draft=None):
+    def forward(self, aux, input_ids, target_logits, loss_mask, padding_mask, target_in_draft=None, target_attn=None):
+        """(loss, loss per step, accuracy per step, valid counts, attention-alignment term or 0)."""
         out = ttt_forward(self.drafter, aux, input_ids, target_logits, loss_mask, self.steps, padding_mask,
-                          target_in_draft=target_in_draft)
-        return out.loss, out.loss_per_step, out.acc_per_step, out.valid_per_step
+                          target_in_draft=target_in_draft, target_attn=target_attn, attn_align=self.attn_align)
+        attn = out.attn_loss.detach() if out.attn_loss is not None else out.loss.new_zeros(())
+        return out.loss, out.loss_per_step, out.acc_per_step, out.valid_per_step, attn
 
 
 @dataclass
@@ -198,14 +248,16 @@ class _Accum:
     correct: torch.Tensor | None = None
     valid: torch.Tensor | None = None
     loss_k: torch.Tensor | None = None
+    extra: float = 0.0  # sum of the objective's 5th output: the attn-align KL, or stage accept's mean E
 
-    def add(self, loss, loss_k, acc_k, valid_k, tokens):
+    def add(self, loss, loss_k, acc_k, valid_k, tokens, extra=None):
         c = (acc_k.detach().double() * valid_k.double())
         lk = loss_k.detach().double() * valid_k.double()
         self.correct = c if self.correct is None else self.correct + c
         self.valid = valid_k.double() if self.valid is None else self.valid + valid_k.double()
         self.loss_k = lk if self.loss_k is None else self.loss_k + lk
         self.loss += float(loss.detach())
+        self.extra += 0.0 if extra is None else float(extra)
         self.batches += 1
         self.tokens += int(tokens)
 
@@ -288,7 +340,8 @@ class Trainer:
         else:
             Vd = min(cfg.draft_vocab_size or V, V)
             draft_ids = select_draft_vocab(counts, Vd, always_include=stop_ids(self.target))
-            drafter = init_drafter(self.target.config, cfg.variant, Vd, self.target.aux_layer_ids, seed=cfg.seed)
+            drafter = init_drafter(self.target.config, cfg.variant, Vd, self.target.aux_layer_ids, seed=cfg.seed,
+                                   num_layers=cfg.draft_layers)
             drafter.set_vocab_mapping(draft_ids)
             if cfg.init_head == "target":
                 self._head_from_target(drafter, draft_ids)
@@ -296,10 +349,11 @@ class Trainer:
         # detached: a Parameter assigned to a module attribute would become a drafter parameter (and be saved)
         drafter.to(self.master_dtype).bind_target_embedding(self.target.embed_weight.detach())
         self.drafter = drafter
-        self.objective = TTTObjective(drafter, cfg.ttt_steps)
-        self.model: nn.Module = self.objective
+        self.objective = TTTObjective(drafter, cfg.ttt_steps, cfg.attn_align)
+        self.accept = AcceptObjective(drafter, self.target, cfg.ttt_steps, cfg.accept_slots)
+        self.model: nn.Module = self.accept if cfg.stage == "accept" else self.objective
         if self.dist.world > 1:
-            self.model = nn.parallel.DistributedDataParallel(self.objective, broadcast_buffers=False)
+            self.model = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
         params = [p for p in drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -318,6 +372,10 @@ class Trainer:
         if cfg.variant is not None and dc.variant != cfg.variant:
             raise AnchorspecError(f"--init-from {cfg.init_from} is an {dc.variant} drafter, not --variant {cfg.variant}")
         cfg.variant = dc.variant
+        if cfg.draft_layers not in (None, dc.num_hidden_layers):
+            raise AnchorspecError(f"--init-from {cfg.init_from} has {dc.num_hidden_layers} decoder layer(s), not "
+                                  f"--draft-layers {cfg.draft_layers} (leave the flag out)")
+        cfg.draft_layers = dc.num_hidden_layers
         if cfg.draft_vocab_size not in (None, dc.draft_vocab_size):
             raise AnchorspecError(f"--init-from {cfg.init_from} has a draft vocabulary of {dc.draft_vocab_size}, "
                                   f"not --draft-vocab-size {cfg.draft_vocab_size} (leave the flag out)")
@@ -381,12 +439,14 @@ class Trainer:
         for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0):
             with self._autocast():
                 batch = self._batch([self.held_idx[i] for i in idx])
-                _, _, acc, n = self.objective(*batch)
+                _, _, acc, n, _ = self.objective(*batch)
             c = acc.double() * n.double()
             correct = c if correct is None else correct + c
             valid = n.double() if valid is None else valid + n.double()
         acc = (correct / valid.clamp(min=1)).tolist()
         result = {"heldout_acc": acc, "sim_tau": simulated_tau(acc)}
+        if self.cfg.stage == "accept":
+            result.update(self.heldout_acceptance())
         if self.eval_prompt_ids:
             drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
             drafter.bind_target_embedding(self.target.embed_weight.detach())
@@ -400,6 +460,21 @@ class Trainer:
             result["gen_acceptance_per_depth"] = total.acceptance_per_depth
         self.drafter.train()
         return result
+
+    @torch.no_grad()
+    def heldout_acceptance(self) -> dict:
+        """Stage accept's objective on the held-out data: the mean expected accepted length of the
+        drafter's own chains (and the mean greedy accepted length), over every scored chain."""
+        lengths = [len(e.input_ids) for e in self.held_examples]
+        total = greedy = chains = 0.0
+        for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0):
+            with self._autocast():
+                loss, _, acc, n, _ = self.accept(*self._accept_batch([self.held_idx[i] for i in idx]))
+            count = float(n[0])
+            total += float(-loss) * count
+            greedy += (simulated_tau(acc.tolist()) - 1) * count
+            chains += count
+        return {"heldout_expected_accept_len": total / max(chains, 1), "heldout_greedy_accept_len": greedy / max(chains, 1)}
 
     # --- checkpoints --------------------------------------------------------------------------
 
@@ -437,7 +512,9 @@ class Trainer:
         # round float64 masters and make a resumed run diverge from an uninterrupted one.
         from safetensors.torch import load_file
 
-        self.drafter.load_state_dict(load_file(str(path / "model.safetensors")))
+        from ..models.drafter import module_state
+
+        self.drafter.load_state_dict(module_state(load_file(str(path / "model.safetensors"))))
         state = torch.load(path / "trainer_state.pt", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -453,10 +530,10 @@ class Trainer:
             return
         before = json.loads(run.read_text())["config"]
         now = json.loads(json.dumps(asdict(self.cfg)))
-        diff = [k for k in TRAJECTORY_FIELDS if before.get(k) != now.get(k)]
+        diff = [k for k in TRAJECTORY_FIELDS if before.get(k, FIELD_DEFAULTS.get(k)) != now.get(k)]
         if diff:
             raise AnchorspecError(f"--resume with a different {', '.join(diff)} than the run in {self.out} "
-                                  f"(was {', '.join(f'{k}={before.get(k)!r}' for k in diff)}); use a new --out")
+                                  f"(was {', '.join(f'{k}={before.get(k, FIELD_DEFAULTS.get(k))!r}' for k in diff)}); use a new --out")
 
     def _trim_metrics(self) -> None:
         """Drop log lines past the resumed step: they came from work the checkpoint does not hold."""
@@ -502,9 +579,15 @@ class Trainer:
         if self.cache is None:
             # The target's own logits (exact for heads with logit scaling too), handed to TTT already
             # in the draft vocabulary: a [B, T, V] fp32 copy and a bf16 argmax cost more than the step.
-            feats = self.target.features(ids, pm)
+            if self.cfg.attn_align:
+                from .attn_align import target_attention
+
+                feats, attn_map = target_attention(self.target, ids, pm, max(self.target.aux_layer_ids))
+            else:
+                feats, attn_map = self.target.features(ids, pm), None
             in_draft = self.drafter.t2d[argmax_last(feats.logits)]
-            return feats.aux, ids, feats.logits[..., self.drafter.draft_to_target], lm, pm, in_draft
+            batch = (feats.aux, ids, feats.logits[..., self.drafter.draft_to_target], lm, pm, in_draft)
+            return batch if attn_map is None else batch + (attn_map,)
         from .features import draft_logits
 
         f = self.cache.batch(indices)
@@ -512,9 +595,16 @@ class Trainer:
         Z = draft_logits(f.hidden, head.weight, self.drafter.draft_to_target, getattr(head, "bias", None))
         return f.aux, ids, Z, lm, pm, self.drafter.t2d[f.argmax]
 
+    def _accept_batch(self, indices: list[int]) -> tuple:
+        """Stage accept's inputs: aux, ids, the target's full-vocabulary logits, loss and padding masks."""
+        ids, lm, pm = collate([self.examples[i] for i in indices])
+        feats = self.target.features(ids, pm)
+        return feats.aux, ids, feats.logits, lm, pm
+
     def _micro_batch(self, step: int, a: int) -> tuple:
         i = (step * self.cfg.grad_accum + a) * self.dist.world + self.dist.rank
-        return self._batch([self.train_idx[j] for j in self.stream.get(i)])
+        indices = [self.train_idx[j] for j in self.stream.get(i)]
+        return self._accept_batch(indices) if self.cfg.stage == "accept" else self._batch(indices)
 
     def train_step(self, window: _Accum) -> tuple[float, int]:
         """One optimizer step; returns the gradient norm before clipping and this rank's real tokens."""
@@ -527,10 +617,10 @@ class Trainer:
             with sync:
                 with self._autocast():
                     batch = self._micro_batch(self.step, a)
-                    loss, loss_k, acc_k, valid_k = self.model(*batch)
+                    loss, loss_k, acc_k, valid_k, attn = self.model(*batch)
                 (loss / cfg.grad_accum).backward()
             pm = batch[4]
-            window.add(loss, loss_k, acc_k, valid_k, int(pm.sum()))
+            window.add(loss, loss_k, acc_k, valid_k, int(pm.sum()), attn)
             tokens += int(pm.sum())
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -541,19 +631,25 @@ class Trainer:
         return float(gnorm), tokens
 
     def _window_record(self, window: _Accum, gnorm: float, seconds: float) -> dict:
-        t = torch.tensor([window.loss, window.batches, window.tokens], dtype=torch.float64)
+        t = torch.tensor([window.loss, window.batches, window.tokens, window.extra], dtype=torch.float64)
         packed = torch.cat([t, window.correct, window.valid, window.loss_k])
         packed = self.dist.all_sum(packed)
         K = self.cfg.ttt_steps
-        loss, batches, tokens = packed[:3].tolist()
-        correct, valid, loss_k = packed[3:3 + K], packed[3 + K:3 + 2 * K], packed[3 + 2 * K:]
+        loss, batches, tokens, extra = packed[:4].tolist()
+        correct, valid, loss_k = packed[4:4 + K], packed[4 + K:4 + 2 * K], packed[4 + 2 * K:]
         acc = (correct / valid.clamp(min=1)).tolist()
-        return {"step": self.step, "loss": loss / max(batches, 1), "loss_per_step": (loss_k / valid.clamp(min=1)).tolist(),
-                "acc_per_step": acc, "train_sim_tau": simulated_tau(acc), "lr": self.scheduler.get_last_lr()[0],
-                "grad_norm": gnorm, "tokens_per_s": tokens / max(seconds, 1e-9)}
+        rec = {"step": self.step, "loss": loss / max(batches, 1), "loss_per_step": (loss_k / valid.clamp(min=1)).tolist(),
+               "acc_per_step": acc, "train_sim_tau": simulated_tau(acc), "lr": self.scheduler.get_last_lr()[0],
+               "grad_norm": gnorm, "tokens_per_s": tokens / max(seconds, 1e-9)}
+        if self.cfg.attn_align:
+            rec["attn_align_kl"] = extra / max(batches, 1)
+        if self.cfg.stage == "accept":
+            rec["expected_accept_len"] = extra / max(batches, 1)
+        return rec
 
     def _maybe_best(self, ev: dict) -> bool:
-        metric = ev.get("gen_tau", ev["sim_tau"])
+        metric = ev.get("gen_tau", 1 + ev["heldout_expected_accept_len"] if "heldout_expected_accept_len" in ev
+                        else ev["sim_tau"])
         if self.best["metric"] is None or metric > self.best["metric"]:
             self.best = {"metric": metric, "step": self.step}
             save_drafter(self.drafter, self.out / "best")

@@ -24,6 +24,9 @@ Semantics of `ttt_forward` (0-based step k = 0..K-1, "slot" t = 0..T-1):
   one softmax over the concatenation (fp32, fp64 for fp64 models), then
   probs[:, :T] @ V_0 + sum_j probs[:, T+j-1] * V_j[t]. GQA via repeat_interleave; the drafter's own
   modules (q/k/v/o_proj, rope, apply_rope, norms, mlp, lm_head) are used, never copies.
+* A multi-layer drafter (num_hidden_layers N) runs every step through each of its decoder layers in
+  turn with the layers' own `attn_input` / `project` / `finish` (the math of `Eagle3Drafter.layer`);
+  each layer attends with the pattern above over its own keys and values.
 * Soft target at (t, k): p = softmax(Z_{t+k+1}[draft_to_target]) — the target distribution over
   x_{t+k+2} renormalised over the draft vocabulary, in draft-id order (draft id i <-> target id
   i + d2t[i]). CE(t, k) = -sum_i p_i log_softmax(drafter logits)_i.
@@ -39,7 +42,7 @@ Semantics of `ttt_forward` (0-based step k = 0..K-1, "slot" t = 0..T-1):
 * acc_k = fraction of valid (b, t) where argmax drafter logits == argmax p (the target's argmax
   restricted to the draft vocabulary); valid_k = the count.
 
-Gradients reach fc, fc_norm (3.1), the midlayer, norm and lm_head; the token embedding (the
+Gradients reach fc, fc_norm (3.1), the decoder layers, norm and lm_head; the token embedding (the
 target's, bound with `bind_target_embedding`) is frozen: it is used detached. Works in
 float32/float64 and under bf16 autocast (attention scores and softmax are kept in fp32).
 """
@@ -53,7 +56,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import AnchorspecError
-from ..models.drafter import Eagle3Drafter, apply_rope
+from ..models.drafter import Eagle3Drafter
+from .attn_align import attention_alignment_loss
 
 DECAY = 0.8
 
@@ -65,6 +69,8 @@ class TTTOutput:
     acc_per_step: torch.Tensor  # [K] (no grad)
     valid_per_step: torch.Tensor  # [K] int64 counts
     logits: torch.Tensor | None = None  # [K, B, T, Vd] when return_logits (slot t, step k)
+    attn_loss: torch.Tensor | None = None  # the attention-alignment term (unweighted) when target_attn is given
+    drafter_attn: torch.Tensor | None = None  # [B, T, T] head-mean step-0 attention of the first layer (then too)
 
 
 def _score_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -101,17 +107,14 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Ten
     return _SoftCrossEntropy.apply(logits, p.detach())
 
 
-def _ttt_attention(drafter: Eagle3Drafter, u, cos, sin, k, kv0, diag, allowed0):
-    """One TTT attention. u [B,T,2H]; kv0 = step-0 (K, V) [B,nh,T,hd] (None at step 0, then set);
-    diag = list of (K_j, V_j) for steps 1..k-1, this step's appended; allowed0 [B,1,T,T] bool."""
-    attn = drafter.midlayer.self_attn
-    c = drafter.config
+def _ttt_attention(attn, u, cos, sin, k, kv0, diag, allowed0):
+    """One TTT attention of one layer's DrafterAttention `attn`. u [B,T,in]; kv0 = step-0 (K, V)
+    [B,nh,T,hd] (None at step 0, then set); diag = list of (K_j, V_j) for steps 1..k-1, this step's
+    appended; allowed0 [B,1,T,T] bool."""
+    c = attn.cfg
     B, T, _ = u.shape
     groups = c.num_attention_heads // c.num_key_value_heads
-    q = attn.q_proj(u).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
-    key = attn.k_proj(u).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-    val = attn.v_proj(u).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-    q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
+    q, key, val = attn.project(u, cos, sin)
     key = key.repeat_interleave(groups, dim=1)
     val = val.repeat_interleave(groups, dim=1)
     if k == 0:
@@ -119,6 +122,7 @@ def _ttt_attention(drafter: Eagle3Drafter, u, cos, sin, k, kv0, diag, allowed0):
     else:
         diag.append((key, val))
     K0, V0 = kv0
+    T0 = K0.shape[2]  # context keys (= T, or more when the queries are a subset of the slots)
     sdt = _score_dtype(q.dtype)
     scale = 1.0 / math.sqrt(c.head_dim)
     qs = q.to(sdt)
@@ -126,16 +130,44 @@ def _ttt_attention(drafter: Eagle3Drafter, u, cos, sin, k, kv0, diag, allowed0):
     scores0 = scores0.masked_fill(~allowed0, float("-inf"))
     parts = [scores0] + [(qs * Kj.to(sdt)).sum(-1, keepdim=True) * scale for Kj, _ in diag]
     probs = torch.cat(parts, dim=-1).softmax(-1)
-    out = probs[..., :T].to(V0.dtype) @ V0
+    out = probs[..., :T0].to(V0.dtype) @ V0
     for j, (_, Vj) in enumerate(diag):
-        out = out + probs[..., T + j: T + j + 1].to(Vj.dtype) * Vj
+        out = out + probs[..., T0 + j: T0 + j + 1].to(Vj.dtype) * Vj
     out = out.transpose(1, 2).reshape(B, T, -1)
-    return attn.o_proj(out), kv0
+    return attn.o_proj(out), kv0, probs
+
+
+def context_mask(pad: torch.Tensor) -> torch.Tensor:
+    """[B,1,T,T] bool: slot t sees the step-0 keys of real slots s <= t, and always its own."""
+    T = pad.shape[1]
+    ar = torch.arange(T, device=pad.device)
+    causal = ar[None, :] <= ar[:, None]  # [T(query), T(key)]
+    return (causal[None] & (pad[:, None, :] | torch.eye(T, dtype=torch.bool, device=pad.device)[None]))[:, None]
+
+
+def unroll_step(drafter: Eagle3Drafter, emb, x_in, k: int, kv0s: list, diags: list, allowed0, slots=None):
+    """Step k of the unroll at every slot (RoPE position t + k): token embeddings emb [B,T,H] and
+    inputs x_in [B,T,H] through each decoder layer with the TTT attention (per layer: kv0s[i] the
+    step-0 (K, V), diags[i] the diagonal ones; both updated). Returns (h, norm(h), the first layer's
+    attention probabilities [B, heads, T, T + k]). At k >= 1 the queries may be a subset of the
+    slots: `slots` [B,S] their indices, emb/x_in [B,S,H], allowed0 their rows [B,1,S,T]."""
+    B, T, _ = x_in.shape
+    base = torch.arange(T, device=x_in.device)[None].expand(B, T) if slots is None else slots
+    pos = base + k
+    cos, sin = drafter.rope(pos, drafter.fc.weight.dtype)
+    h, first = x_in, None
+    for i, layer in enumerate(drafter.decoder_layers):
+        attn_out, kv0s[i], probs = _ttt_attention(layer.self_attn, layer.attn_input(emb, h), cos, sin, k, kv0s[i],
+                                                  diags[i], allowed0)
+        first = probs if i == 0 else first
+        h = layer.finish(h, attn_out)
+    return h, drafter.norm(h), first
 
 
 def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tensor, target_logits: torch.Tensor,
                 loss_mask: torch.Tensor, steps: int = 7, padding_mask: torch.Tensor | None = None,
-                return_logits: bool = False, target_in_draft: torch.Tensor | None = None) -> TTTOutput:
+                return_logits: bool = False, target_in_draft: torch.Tensor | None = None,
+                target_attn: torch.Tensor | None = None, attn_align: float = 0.0) -> TTTOutput:
     """The TTT unroll and loss (see the module docstring for the exact semantics).
 
     aux [B,T,n_aux*Ht], input_ids [B,T], target_logits [B,T,V], loss_mask [B,T] (1 = assistant),
@@ -144,6 +176,9 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
     With ``target_in_draft`` [B,T] bool (= t2d[argmax Z_t], computed where the full logits were
     seen), ``target_logits`` are already restricted to the draft vocabulary, [B,T,Vd] in draft-id
     order (Z[..., draft_to_target]): what the offline feature cache provides without storing V logits.
+
+    With ``target_attn`` [B,T,T] (the target's head-mean attention by position, train/attn_align.py),
+    ``attn_align * KL(target || drafter)`` over the rows scored at step 0 is added to the loss.
     """
     if drafter.embed_weight is None:
         raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
@@ -154,6 +189,8 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
         raise AnchorspecError(
             f"TTT inputs disagree: input_ids {tuple(input_ids.shape)}, aux {tuple(aux.shape)}, "
             f"target_logits {tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}")
+    if target_attn is not None and tuple(target_attn.shape) != (B, T, T):
+        raise AnchorspecError(f"target attention has shape {tuple(target_attn.shape)}, expected {(B, T, T)}")
     draft_space = target_in_draft is not None
     want = drafter.config.draft_vocab_size if draft_space else drafter.config.vocab_size
     if target_logits.shape[-1] != want:
@@ -163,7 +200,7 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
         raise AnchorspecError(f"target_in_draft has shape {tuple(target_in_draft.shape)}, expected {(B, T)}")
     device = input_ids.device
     K = steps
-    mid = drafter.midlayer
+    layers = drafter.decoder_layers
     pad = (torch.ones(B, T, dtype=torch.bool, device=device) if padding_mask is None
            else padding_mask.to(device=device).bool())
     lmask = loss_mask.to(device) > 0
@@ -172,10 +209,7 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
     ids_pad = torch.cat([input_ids, input_ids.new_zeros(B, K + 1)], dim=1)
     emb_all = F.embedding(ids_pad, drafter.embed_weight.detach())
 
-    ar = torch.arange(T, device=device)
-    causal = ar[None, :] <= ar[:, None]  # [T(query), T(key)]
-    allowed0 = causal[None] & (pad[:, None, :] | torch.eye(T, dtype=torch.bool, device=device)[None])
-    allowed0 = allowed0[:, None]  # [B,1,T,T]
+    allowed0 = context_mask(pad)
 
     draft_to_target = drafter.draft_to_target
     t2d = drafter.t2d
@@ -194,18 +228,15 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
         del Z_all
 
     x_in = drafter.project_features(aux)
-    kv0, diag = None, []
+    kv0s, diags = [None] * len(layers), [[] for _ in layers]  # per layer: step-0 (K, V), diagonal (K_j, V_j)
+    drafter_attn = attn_loss = None
     losses, accs, counts, all_logits = [], [], [], []
     for k in range(K):
         emb = emb_all[:, k + 1: k + 1 + T].to(drafter.fc.weight.dtype)
-        pos = (ar + k)[None].expand(B, T)
-        cos, sin = drafter.rope(pos, drafter.fc.weight.dtype)
-        u = torch.cat([mid.input_layernorm(emb), mid.hidden_norm(x_in)], dim=-1)
-        attn_out, kv0 = _ttt_attention(drafter, u, cos, sin, k, kv0, diag, allowed0)
-        r1 = x_in + attn_out
-        h = r1 + mid.mlp(mid.post_attention_layernorm(r1))
-        normed = drafter.norm(h)
-        x_in = normed if drafter.config.norm_output else h
+        h, normed, probs = unroll_step(drafter, emb, x_in, k, kv0s, diags, allowed0)
+        if target_attn is not None and k == 0:
+            drafter_attn = probs.mean(1)  # [B, T, T]: over heads (see attn_align.py)
+        x_in = drafter.fed_back(h, normed)
         n = T - k - 2  # slots t with t + k + 2 < T: the head runs only where a prediction is scored
         if return_logits:
             all_logits.append(drafter.lm_head(normed).to(_score_dtype(normed.dtype)))
@@ -220,6 +251,8 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
                  & representable_all[:, k + 1: k + 1 + n])
         ce, top = soft_cross_entropy(lg, p_all[:, k + 1: k + 1 + n])
         count = valid.sum()
+        if k == 0 and target_attn is not None:
+            attn_loss = attention_alignment_loss(drafter_attn, target_attn.to(device), valid)
         losses.append(torch.where(valid, ce, torch.zeros_like(ce)).sum() / count.clamp(min=1))
         with torch.no_grad():
             correct = ((top == p_argmax_all[:, k + 1: k + 1 + n]) & valid).sum()
@@ -228,10 +261,15 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
 
     loss_per_step = torch.stack([lk.to(losses[0].dtype) for lk in losses])
     weights = DECAY ** torch.arange(K, dtype=loss_per_step.dtype, device=device)
+    loss = (weights * loss_per_step).sum()
+    if attn_loss is not None:
+        loss = loss + attn_align * attn_loss
     return TTTOutput(
-        loss=(weights * loss_per_step).sum(),
+        loss=loss,
         loss_per_step=loss_per_step,
         acc_per_step=torch.stack(accs),
         valid_per_step=torch.stack(counts),
         logits=torch.stack(all_logits) if return_logits else None,
+        attn_loss=attn_loss,
+        drafter_attn=drafter_attn,
     )

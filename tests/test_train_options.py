@@ -1,0 +1,88 @@
+"""Training options of issue 15 through the trainer and the CLI: `--draft-layers N` (a multi-layer
+drafter trains, resumes exactly, continues with --init-from, is written with num_hidden_layers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from anchorspec.cli import main
+from anchorspec.errors import AnchorspecError
+from anchorspec.models.drafter import load_drafter
+from anchorspec.train.trainer import Trainer
+from test_train import DRAFT_VOCAB, config, drafter_state, read_jsonl, setup  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_two_layer_drafter_trains_and_resumes_exactly(setup, tmp_path, monkeypatch):  # noqa: F811
+    kw = dict(max_steps=4, save_every=2, draft_layers=2)
+    a_out, b_out = tmp_path / "a", tmp_path / "b"
+    a = Trainer(config(setup, a_out, **kw))
+    assert len(a.drafter.decoder_layers) == 2
+    a.run()
+    losses = [r["loss"] for r in read_jsonl(a_out / "metrics.jsonl") if "loss" in r]
+    assert losses[-1] < losses[0]  # it learns
+    d = load_drafter(a_out / "final")
+    assert d.config.num_hidden_layers == 2
+    assert json.loads((a_out / "final" / "config.json").read_text())["num_hidden_layers"] == 2
+    assert json.loads((a_out / "run.json").read_text())["config"]["draft_layers"] == 2
+
+    original = Trainer.train_step
+
+    def interrupted(self, window):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return original(self, window)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    cfg_b = config(setup, b_out, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg_b).run()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    Trainer(dataclasses.replace(cfg_b, resume=True)).run()
+    sa, sb = drafter_state(a_out / "final"), drafter_state(b_out / "final")
+    assert sa.keys() == sb.keys() and any(k.startswith("layers.1.") for k in sa)
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    with pytest.raises(AnchorspecError, match="draft_layers"):
+        Trainer(dataclasses.replace(cfg_b, resume=True, draft_layers=1)).run()
+
+
+def test_init_from_keeps_the_layer_count(setup, tmp_path):  # noqa: F811
+    first = tmp_path / "first"
+    Trainer(config(setup, first, max_steps=1, draft_layers=2)).run()
+    cont = Trainer(config(setup, tmp_path / "cont", max_steps=1, init_from=str(first / "final"), variant=None,
+                          draft_vocab_size=None, draft_layers=None))
+    assert cont.cfg.draft_layers == 2 and len(cont.drafter.decoder_layers) == 2
+    with pytest.raises(AnchorspecError, match="2 decoder layer.*--draft-layers 3"):
+        Trainer(config(setup, tmp_path / "bad", max_steps=1, init_from=str(first / "final"), variant=None,
+                       draft_vocab_size=None, draft_layers=3))
+
+
+def test_old_run_json_without_draft_layers_resumes(setup, tmp_path):  # noqa: F811
+    """A run started before --draft-layers existed (no such key in run.json) still resumes."""
+    out = tmp_path / "old"
+    cfg = config(setup, out, max_steps=2, save_every=1)
+    Trainer(cfg).run()
+    run = json.loads((out / "run.json").read_text())
+    del run["config"]["draft_layers"]
+    (out / "run.json").write_text(json.dumps(run))
+    Trainer(dataclasses.replace(cfg, resume=True, max_steps=2))._check_resume_config()
+
+
+def test_cli_draft_layers(setup, tmp_path, capsys):  # noqa: F811
+    target_dir, data = setup
+    assert main(["init-drafter", "--target", str(target_dir), "--out", str(tmp_path / "d"), "--draft-layers", "3"]) == 0
+    assert "3 decoder layers" in capsys.readouterr().out
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["num_hidden_layers"] == 3
+    out = tmp_path / "run"
+    assert main(["train", "--target", str(target_dir), "--data", str(data), "--out", str(out), "--max-steps", "1",
+                 "--ttt-steps", "2", "--draft-vocab-size", str(DRAFT_VOCAB), "--max-len", "64", "--batch-tokens",
+                 "64", "--dtype", "float32", "--eval-prompts", "0", "--no-progress", "--draft-layers", "2"]) == 0
+    assert load_drafter(out / "final").config.num_hidden_layers == 2
+    assert main(["init-drafter", "--target", str(target_dir), "--out", str(tmp_path / "e"), "--draft-layers", "0"]) == 2
+    assert "--draft-layers must be >= 1" in capsys.readouterr().err
