@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from anchorspec.api import attach_drafter
-from anchorspec.decode.adaptive import AdaptiveDepth
+from anchorspec.decode.adaptive import AdaptiveDepth, PIDDepth
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.tree import TreeShape
@@ -46,29 +46,30 @@ def test_tree_budget_scales_with_depth():
         AdaptiveDepth(TreeShape.chain(3), min_depth=4)
 
 
+@pytest.mark.parametrize("controller", [AdaptiveDepth, PIDDepth])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("base", [TreeShape.chain(3), TreeShape(2, 3, 7)])
-def test_adaptive_is_lossless_and_adapts(family, base):
+def test_controller_is_lossless_and_adapts(controller, family, base):
     target = tiny_target(family)
     prompt = torch.tensor([3, 4, 5, 6, 7])
     cfg = GenerationConfig(max_new_tokens=40)
     ref = generate_vanilla(target, prompt, cfg).token_ids
 
-    oracle = AdaptiveDepth(base, max_depth=6)
+    oracle = controller(base, max_depth=6)
     res = generate_speculative(target, OracleProposer(target), prompt, cfg, oracle)
     assert res.token_ids == ref
     assert max(oracle.history) == 6  # everything accepted: it went as deep as allowed
 
     drafter = init_drafter(target.config, "eagle3.1", seed=5).to(torch.float64)
     attach_drafter(target, drafter)
-    weak = AdaptiveDepth(base)
+    weak = controller(base)
     res = generate_speculative(target, EagleProposer(drafter), prompt, cfg, weak)
     assert res.token_ids == ref
     assert weak.history[-1] < base.depth  # a random drafter: it backed off
 
 
 def test_pid_moves_with_the_accepted_share_and_stays_in_bounds():
-    from anchorspec.decode.adaptive import PIDDepth, depth_controller
+    from anchorspec.decode.adaptive import depth_controller
 
     c = PIDDepth(TreeShape.chain(3), min_depth=1, max_depth=8)
     for _ in range(6):
@@ -93,22 +94,3 @@ def test_pid_moves_with_the_accepted_share_and_stays_in_bounds():
         depth_controller("bang-bang", TreeShape.chain(2))
     with pytest.raises(AnchorspecError, match="setpoint"):
         PIDDepth(TreeShape.chain(2), setpoint=1.5)
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("base", [TreeShape.chain(3), TreeShape(2, 3, 7)])
-def test_pid_is_lossless_and_adapts(family, base):
-    from anchorspec.decode.adaptive import PIDDepth
-
-    target = tiny_target(family)
-    prompt = torch.tensor([3, 4, 5, 6, 7])
-    cfg = GenerationConfig(max_new_tokens=40)
-    ref = generate_vanilla(target, prompt, cfg).token_ids
-    oracle = PIDDepth(base, max_depth=6)
-    assert generate_speculative(target, OracleProposer(target), prompt, cfg, oracle).token_ids == ref
-    assert max(oracle.history) == 6
-    drafter = init_drafter(target.config, "eagle3.1", seed=5).to(torch.float64)
-    attach_drafter(target, drafter)
-    weak = PIDDepth(base)
-    assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, weak).token_ids == ref
-    assert weak.history[-1] < base.depth
