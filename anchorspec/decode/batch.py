@@ -223,7 +223,7 @@ class _ForwardCache:
     def append(self, key_states, value_states):  # the drafter's cache interface (one layer)
         return self.update(key_states, value_states, 0)
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # HF Cache.update's signature (5.x passes kwargs=)
         out = []
         for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
             buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)

@@ -69,7 +69,7 @@ class StaticKV:
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:  # keys seen, first key
         return self.length + query_length, 0
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # HF Cache.update's signature (5.x passes kwargs=)
         """Write the new rows at [length, length + n) of layer `layer_idx`; return its rows [0, length + n)."""
         end = self.length + key_states.shape[2]
         if end > self.capacity:

@@ -11,6 +11,7 @@ Aux layer ids follow convention A of the spec: id i is the input of decoder laye
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,10 @@ class Target:
         self._captured: dict[int, torch.Tensor] = {}
         self._capture = False
         self._hooks = []
+        # transformers 5.x renames `past_key_values` to `cache` model by model (Llama first; the old name
+        # is deprecated, to be removed in 5.40): pass the one this model's forward declares
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
 
     @property
@@ -114,7 +119,7 @@ class Target:
                 input_ids=input_ids.view(1, -1),
                 position_ids=position_ids.view(1, -1),
                 attention_mask=attention_mask,
-                past_key_values=cache,
+                **{self._cache_kwarg: cache},
                 use_cache=True,
                 logits_to_keep=1 if last_only else 0,
             )
@@ -151,7 +156,7 @@ class Target:
         self._captured = {}
         try:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                             past_key_values=cache, use_cache=True)
+                             **{self._cache_kwarg: cache}, use_cache=True)
         finally:
             self._capture = False
             hook.remove()
