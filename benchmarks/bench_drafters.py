@@ -2,11 +2,19 @@
 """Trained drafters against plain Hugging Face greedy `generate`, batch 1, in one process.
 
 For each MT-bench first turn (chat template applied), the methods run back to back in an order
-that rotates per prompt: HF `generate` greedy (the baseline), then each drafter with speculative
-decoding at temperature 0 on the default tree. Per method: tau (tokens per target forward),
-acceptance per depth, median tokens/s, the per-prompt speedup over HF (median and mean), and how
-many outputs differ from HF's tokens. With --temperature1, each drafter also runs sampled
-(T = 1, seeded) and reports tau.
+that rotates per prompt: HF `generate` greedy (the baseline), optionally the project's plain loop
+(`--plain`), then each drafter with speculative decoding at temperature 0. Per method: tau (tokens
+per verification), acceptance per depth, median tokens/s, the per-prompt speedup over HF (median
+and mean), and how many outputs differ from HF's tokens. With --temperature1, each drafter also
+runs sampled (T = 1, seeded) and reports tau.
+
+Two protocols:
+- `--shape 4,4,16` (the default): speculation forced on, one fixed tree: tau is a property of the
+  drafter (the scaling curve's measure: `--dtype float32 --limit 10`);
+- `--shape default`: what `anchorspec generate --drafter DIR` does with no options: the tuned shape
+  if `anchorspec tune` ran, else the chain the measured costs favour, and the fallback to plain steps
+  where speculation does not pay (each drafter keeps its own engine, so its costs and acceptance
+  accumulate over the prompts as they do in one process).
 
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/bench_drafters.py \
         --drafter eagle3=checkpoints/smollm2-135m-instruct-eagle3 \
@@ -28,8 +36,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, median, timed, warn_if_busy  # noqa: E402
 
-from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
-from anchorspec.decode.propose import EagleProposer  # noqa: E402
+from anchorspec.api import Engine  # noqa: E402
+from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
@@ -44,25 +52,29 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shape", default="4,4,16",
+                   help="TOP_K,DEPTH,TOTAL: that tree, speculation forced on; `default`: generate's defaults (above)")
+    p.add_argument("--plain", action="store_true", help="also run the project's plain loop (generate --no-spec)")
     p.add_argument("--temperature1", action="store_true", help="also run each drafter sampled at T=1 (tau only)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
 
 class Method:
-    def __init__(self, name, engine: Engine, proposer=None, temperature=0.0):
-        self.name, self.engine, self.proposer, self.temperature = name, engine, proposer, temperature
+    """kind: "hf" (HF generate), "plain" (the project's loop), "spec" (the engine's drafter)."""
+
+    def __init__(self, name, engine: Engine, kind: str, temperature=0.0):
+        self.name, self.engine, self.kind, self.temperature = name, engine, kind, temperature
         self.rows = []
         self.stats: GenerationStats | None = None
 
     def run(self, ids, max_new, seed):
-        if self.proposer is None:
+        if self.kind == "hf":
             tokens, dt = timed(hf_generate, self.engine, ids, max_new)
             return tokens, dt, None
-        self.engine.proposer = self.proposer
         res, dt = timed(self.engine.generate, ids, max_new_tokens=max_new, temperature=self.temperature,
-                        seed=seed, shape=DEFAULT_TREE)
-        return res.token_ids, dt, res.stats
+                        seed=seed, speculative=self.kind == "spec")
+        return res.token_ids, dt, res.stats if self.kind == "spec" else None
 
 
 def main(argv=None) -> int:
@@ -74,16 +86,20 @@ def main(argv=None) -> int:
     engine = Engine(target)
     prompts = load_prompts(args.data, args.limit)
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
-    methods = [Method("hf_generate", engine)]
+    defaults = args.shape == "default"
+    tree = None if defaults else TreeShape(*(int(x) for x in args.shape.split(",")))
+    methods = [Method("hf_generate", engine, "hf")] + ([Method("anchorspec_plain", engine, "plain")] if args.plain else [])
+    aux_layers = None
     for spec in args.drafter:
         name, _, path = spec.partition("=")
         d = load_drafter(path, dtype)
-        attach_drafter(target, d)  # all drafters here share the target's aux layers (checked below)
-        if tuple(target.aux_layer_ids) != tuple(d.config.eagle_aux_hidden_state_layer_ids):
+        aux_layers = aux_layers or tuple(d.config.eagle_aux_hidden_state_layer_ids)
+        if aux_layers != tuple(d.config.eagle_aux_hidden_state_layer_ids):  # one target serves them all
             raise SystemExit(f"{name}: aux layers differ from the other drafters'; benchmark them separately")
-        methods.append(Method(name, engine, EagleProposer(d)))
+        # its own engine: the drafter's measured shape, costs and fallback state stay its own
+        methods.append(Method(name, Engine(target, d, shape=tree, fallback=defaults), "spec"))
         if args.temperature1:
-            methods.append(Method(f"{name}@T=1", engine, EagleProposer(d), temperature=1.0))
+            methods.append(Method(f"{name}@T=1", Engine(target, d, shape=tree, fallback=defaults), "spec", 1.0))
     for m in methods:  # warm-up
         m.run(encoded[0], 16, 0)
     bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)
@@ -105,7 +121,14 @@ def main(argv=None) -> int:
                 m.stats = stats if m.stats is None else m.stats.merge(stats)
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,
                "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-               "tree": [DEFAULT_TREE.top_k, DEFAULT_TREE.depth, DEFAULT_TREE.total_tokens], "methods": {}}
+               "shape": args.shape, "fallback": defaults, "methods": {}}
+    for m in methods:
+        if m.kind == "spec" and defaults:
+            results.setdefault("shapes", {})[m.name] = {
+                "shape": [m.engine.shape.top_k, m.engine.shape.depth, m.engine.shape.total_tokens],
+                "source": m.engine.shape_source}
+    for name, shape in results.get("shapes", {}).items():
+        print(f"{name}: draft shape {','.join(map(str, shape['shape']))} ({shape['source']})")
     print(f"\n| method | tau | acceptance per depth | median tok/s | speedup vs HF (median / mean) | differs from HF |")
     print("|---|---|---|---|---|---|")
     for m in methods:
@@ -113,11 +136,14 @@ def main(argv=None) -> int:
              "median_speedup": median([r["speedup"] for r in m.rows]),
              "mean_speedup": statistics.fmean(r["speedup"] for r in m.rows),
              "differs_from_hf": sum(not r["identical_to_hf"] for r in m.rows),
-             "tau": m.stats.tau if m.stats else None,
-             "acceptance_per_depth": m.stats.acceptance_per_depth if m.stats else None, "per_prompt": m.rows}
+             "tau": m.stats.tau if m.stats and m.stats.verify_steps else None,  # None: the fallback never drafted
+             "verify_steps": m.stats.verify_steps if m.stats else 0,
+             "acceptance_per_depth": m.stats.acceptance_per_depth if m.stats else None,
+             "fallback_switches": sum((r["stats"] or {}).get("fallback_switches") or 0 for r in m.rows),
+             "per_prompt": m.rows}
         results["methods"][m.name] = s
         acc = ", ".join(f"{a:.2f}" for a in s["acceptance_per_depth"]) if m.stats else "-"
-        tau = f"{s['tau']:.2f}" if m.stats else "-"
+        tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
         print(f"| {m.name} | {tau} | {acc} | {s['median_tokens_per_s']:.1f} | "
               f"{s['median_speedup']:.2f}x / {s['mean_speedup']:.2f}x | {s['differs_from_hf']}/{len(m.rows)} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
