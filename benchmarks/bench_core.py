@@ -32,7 +32,6 @@ from tqdm import tqdm
 import anchorspec
 from anchorspec import load
 from anchorspec.api import Engine, attach_drafter
-from anchorspec.decode.kv import commit_path
 from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids
 from anchorspec.models.drafter import KVCache, additive_mask, init_drafter
 
@@ -182,7 +181,7 @@ def bench_verify(engine: Engine, ctx: torch.Tensor, repeats: int, dtype: str) ->
     past = ctx.numel()
     cache = target.new_cache()
     target.forward(ctx, torch.arange(past), cache, last_only=True)
-    rollback = lambda: commit_path(cache, past, [])  # noqa: E731 - drop every row after the context
+    rollback = lambda: cache.crop(past - cache.get_seq_length())  # noqa: E731 - drop every row after the context
 
     cells = {}
     bar = tqdm(total=repeats * (len(VERIFY_SIZES) + 1), desc=f"(b) verify {dtype}", unit="fwd",

@@ -7,20 +7,19 @@ the memory floor they both sit above.
 Per dtype it prints:
   - the memory floor of a decode step: weight bytes / bandwidth, the bandwidth measured here by
     copying a large tensor (bytes read + bytes written, per second), at the same thread count;
-  - ms per forward over N new tokens after `--context` tokens: the project's path (Target.forward on
-    its StaticKV; N > 1 with the tree mask and aux capture that verification uses) and the plain HF
-    model call (causal, DynamicCache), median of `--repeats`;
+  - ms per forward over N new tokens after `--context` tokens: the project's path (batch_forward on
+    a one-slot KV cache, as a solo generation runs it; N > 1 with the tree mask and aux capture that
+    verification uses) and the plain HF model call (causal, DynamicCache), median of `--repeats`;
   - end to end, greedy, `--new-tokens` from a chat prompt (padded to `--prompt-tokens`): HF
-    `generate`, the project's plain loop (and the DynamicCache path StaticKV replaced), and with
-    `--drafter` the speculative loop: now (measured shape, fallback on), without the fallback,
-    and as before (4,4,16, no fallback, DynamicCache); tokens/s, same run, alternating.
+    `generate`, the project's plain loop, and with `--drafter` the speculative loop: now (measured
+    shape, fallback on), without the fallback, and with the fixed 4,4,16 tree and no fallback;
+    tokens/s, same run, alternating.
 CPU model, flags, torch version, threads and dtype are printed with the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -33,11 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import anchorspec.decode.engine as engine_module  # noqa: E402
 from anchorspec.api import DEFAULT_TREE, Engine, load  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla  # noqa: E402
-from anchorspec.decode.kv import StaticKV, commit_path  # noqa: E402
-from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids  # noqa: E402
+from anchorspec.decode.shape import verify_cost  # noqa: E402
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets behind the quiet hills. "
@@ -93,46 +90,30 @@ def _median_ms(fn, repeats: int) -> float:
 
 @torch.inference_mode()
 def step_costs(engine: Engine, context: int, sizes: list[int], repeats: int) -> dict:
-    """ms per forward of N new tokens after `context`: the project's path and the plain HF call."""
+    """ms per forward of N new tokens after `context`: the project's path (decode/shape.verify_cost,
+    what the drift monitor calibrates with) and the plain HF call."""
     target = engine.target
     ids = torch.arange(context) % target.vocab_size
-    ours, hf = {}, {}
+    verify, plain = verify_cost(target, context, [n for n in sizes if n > 1], repeats)
+    ours = {n: (plain if n == 1 else verify[n]) * 1e3 for n in sizes}
+    hf = {}
     cache = target.new_cache()
-    target.forward(ids, torch.arange(context), cache, last_only=True)
-    static = StaticKV(cache, context + max(sizes))  # a copy: the HF calls below keep the DynamicCache
+    target.model(input_ids=ids[None], use_cache=True, past_key_values=cache)
     for n in sizes:
-        tree = DraftTree(torch.arange(n) % target.vocab_size, [-1] + [(i - 1) // 4 for i in range(1, n)])
+        tokens = torch.arange(n) % target.vocab_size
 
-        def project(tree=tree):  # as the loops run it; nothing is committed, so the next call overwrites
-            if tree.size == 1:  # the plain step: no tree mask, no aux
-                target.forward(tree.tokens, torch.tensor([context]), static)
-            else:
-                target.forward(tree.tokens, tree_position_ids(tree, context), static,
-                               attention_mask=tree_attention_mask(tree, context, target.dtype), capture_aux=True)
+        def plain_hf(tokens=tokens):
+            target.model(input_ids=tokens[None], past_key_values=cache, use_cache=True)
+            cache.crop(-tokens.numel())  # drop the rows just appended
 
-        def plain_hf(tree=tree):
-            target.model(input_ids=tree.tokens[None], past_key_values=cache, use_cache=True)
-            commit_path(cache, context, [])
-
-        ours[n], hf[n] = _median_ms(project, repeats), _median_ms(plain_hf, repeats)
+        hf[n] = _median_ms(plain_hf, repeats)
     return {"project_ms": ours, "hf_model_ms": hf}
 
 
-@contextlib.contextmanager
-def dynamic_cache_only():
-    """The loops as they were before StaticKV: every solo step on the prefill's DynamicCache."""
-    real = engine_module.filled_full_attention
-    engine_module.filled_full_attention = lambda cache: False
-    try:
-        yield
-    finally:
-        engine_module.filled_full_attention = real
-
-
 def end_to_end(engine: Engine, new_tokens: int, rounds: int, drafter: bool, prompt_tokens: int) -> dict:
-    """tokens/s of HF generate, the plain loop (StaticKV, and the DynamicCache path it replaced) and,
-    with a drafter, the speculative loop as before (DEFAULT_TREE, no fallback, DynamicCache) and now
-    (the measured shape and the fallback); alternating, `rounds` generations each."""
+    """tokens/s of HF generate, the plain loop and, with a drafter, the speculative loop with the
+    fixed DEFAULT_TREE and no fallback, and now (the measured shape and the fallback); alternating,
+    `rounds` generations each."""
     text = PROMPT
     while prompt_tokens and len(engine.encode(text, chat=True)) < prompt_tokens:
         text = FILLER + text  # a long context: what DynamicCache's per-step concatenation pays for
@@ -146,24 +127,16 @@ def end_to_end(engine: Engine, new_tokens: int, rounds: int, drafter: bool, prom
                                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=stop[0])
         return out.shape[1] - x.shape[1]
 
-    def plain_dynamic():
-        with dynamic_cache_only():
-            return len(generate_vanilla(engine.target, ids, cfg).token_ids)
-
-    methods = {"hf_generate": hf, "project_plain": lambda: len(generate_vanilla(engine.target, ids, cfg).token_ids),
-               "project_plain_dynamic_cache": plain_dynamic}
+    methods = {"hf_generate": hf, "project_plain": lambda: len(generate_vanilla(engine.target, ids, cfg).token_ids)}
     if drafter:
         shape = engine.shape
-
-        def spec_before():
-            with dynamic_cache_only():
-                return len(generate_speculative(engine.target, engine.proposer, ids, cfg, DEFAULT_TREE).token_ids)
 
         methods["project_spec"] = lambda: len(
             generate_speculative(engine.target, engine.proposer, ids, cfg, shape, engine.monitor).token_ids)
         methods["project_spec_no_fallback"] = lambda: len(
             generate_speculative(engine.target, engine.proposer, ids, cfg, shape).token_ids)
-        methods["project_spec_before"] = spec_before
+        methods["project_spec_fixed_tree"] = lambda: len(
+            generate_speculative(engine.target, engine.proposer, ids, cfg, DEFAULT_TREE).token_ids)
     for fn in methods.values():  # warm-up
         fn()
     spent = {name: [0, 0.0] for name in methods}

@@ -13,7 +13,8 @@ import torch
 from anchorspec.api import attach_drafter
 from anchorspec.decode import round as round_mod
 from anchorspec.decode.batch import BatchKV, batch_allowed, batch_forward, batch_position_ids
-from anchorspec.decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding, generate_vanilla
+from anchorspec.decode.engine import (GenerationConfig, PlainDecoding, SpeculativeDecoding, full_attention,
+                                      generate_vanilla)
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
@@ -163,16 +164,15 @@ def test_seeded_sampling_batched_equals_solo(shape, seed):
     assert len({tuple(r.token_ids[:8]) for r in solo[:3]}) > 1  # really sampled, not one fixed output
 
 
-def committed_rows(cache):
-    """Per layer, the committed [kv_heads, length, head_dim] keys and values of a solo cache: a
-    DynamicCache (whole tensors) or a StaticKV (rows past its length are scratch)."""
-    if hasattr(cache, "layers"):
-        return [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers]
-    return [k[0, :, :cache.length] for k in cache.keys], [v[0, :, :cache.length] for v in cache.values]
+def committed_rows(slot):
+    """Per layer, the committed [kv_heads, length, head_dim] keys and values of a solo sequence's
+    slot (rows past its length are scratch)."""
+    kv = slot.kv
+    return ([k[slot.index, :, :slot.length] for k in kv.keys], [v[slot.index, :, :slot.length] for v in kv.values])
 
 
 def test_commit_keeps_exactly_the_accepted_rows():
-    """After every round, each slot's committed rows equal the solo DynamicCache of the same sequence
+    """After every round, each slot's committed rows equal the solo run's rows of the same sequence
     (oracle trees accept non-contiguous tree rows; a release moves the last slot into a hole)."""
     target = tiny_target("qwen2")
     drafter = random_drafter(target)
@@ -224,14 +224,17 @@ def trees_and_prompts():
     return prompts, trees
 
 
+def prefilled(kv, target, prompt):
+    """A new slot of `kv` holding `prompt`'s rows (a prefill: one row, a chain)."""
+    slot = kv.attach_target(target)
+    batch_forward(target, [slot], [DraftTree.chain(prompt)], capture_aux=False)
+    slot.commit(0, list(range(prompt.numel())))
+    return slot
+
+
 def attached(target, prompts):
     kv = BatchKV(slots=1, capacity=2)
-    slots = []
-    for p in prompts:
-        cache = target.new_cache()
-        target.forward(p, torch.arange(p.numel()), cache)
-        slots.append(kv.attach(cache))
-    return kv, slots
+    return kv, [prefilled(kv, target, p) for p in prompts]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -376,9 +379,7 @@ def test_misuse_is_refused():
     plain.step()
     with pytest.raises(AnchorspecError, match="rows"):
         plain.use_slot(slot)  # 4 rows in the slot, 3 in the sequence
-    cache = target.new_cache()
-    target.forward(other, torch.arange(3), cache)
-    plain.use_slot(kv.attach(cache))
+    plain.use_slot(prefilled(kv, target, other))
     with pytest.raises(AnchorspecError, match="attached to a batch"):
         plain.step()
     slot.release()
@@ -393,7 +394,7 @@ def test_sliding_window_cache_keeps_stepping_alone():
     each round (as before batching), next to batched ones, and both stay exact."""
     sliding = tiny_target("mistral")
     sliding.model.config.sliding_window = 8
-    assert not BatchKV.accepts(PlainDecoding(sliding, torch.tensor([1, 2]), GenerationConfig(max_new_tokens=2)).cache)
+    assert not full_attention(sliding) and full_attention(tiny_target("llama"))
     full = tiny_target("llama")
     prompts = make_prompts([12, 5], 2)
     cfg = GenerationConfig(max_new_tokens=15)

@@ -230,14 +230,14 @@ def test_a_wrong_plain_step_inside_the_speculative_loop_is_caught(monkeypatch):
     fallback takes plain steps mid-generation, and the equality checks above see it."""
     target = tiny_target("llama")
     shape = TreeShape.chain(3)
+    proposer = EagleProposer(random_drafter(target))
+    cfg = GenerationConfig(max_new_tokens=30)
+    refs = [generate_vanilla(target, prompt, cfg).token_ids for prompt in prompts(3)]  # before the bug
     real = SpeculativeDecoding._commit
     monkeypatch.setattr(SpeculativeDecoding, "_commit",
                         lambda self, keep, written: real(self, [] if written == 1 else keep, written))
-    proposer = EagleProposer(random_drafter(target))
-    cfg = GenerationConfig(max_new_tokens=30)
     differs = 0
-    for prompt in prompts(3):
-        ref = generate_vanilla(target, prompt, cfg).token_ids
+    for prompt, ref in zip(prompts(3), refs):
         # without the fallback a plain step comes last, if at all: its lost row is never read
         assert generate_speculative(target, proposer, prompt, cfg, shape).token_ids == ref
         switched = generate_speculative(target, proposer, prompt, cfg, shape, fallback=switching(threshold=1.5))

@@ -1,7 +1,7 @@
 """Tree attention and KV bookkeeping, checked against the plain causal computation.
 
 - Every node of a verified tree gets the logits (and aux features) it would get on its own branch.
-- After committing an accepted path, the target cache equals a fresh prefill of the committed tokens.
+- After committing an accepted path, the target KV slot equals a fresh prefill of the committed tokens.
 - The drafter cache holds only real-feature positions: drafting leaves it unchanged, and feeding the
   accepted features step by step equals feeding them all at once.
 """
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from anchorspec.api import attach_drafter
-from anchorspec.decode.kv import commit_path
+from anchorspec.decode.batch import BatchKV, batch_forward
 from anchorspec.decode.drafting import run_program
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
@@ -56,22 +56,29 @@ def test_tree_mask_equals_branch_attention(family):
 
 @pytest.mark.parametrize("path", [[0], [0, 1], [0, 2, 5, 7], [0, 1, 3, 6], list(range(4))], ids=str)
 def test_commit_equals_fresh_prefill(path):
+    """A tree verified in a KV slot, then its path committed: the slot's rows equal a fresh prefill
+    of the committed tokens, and decoding continues exactly as from it."""
     target = tiny_target("llama")
     context = torch.arange(3, 15)
     tree = make_tree()
-    if path == list(range(4)):  # a chain: the contiguous fast path of commit_path
+    if path == list(range(4)):  # a chain: its path is already in place
         tree = DraftTree(tree.tokens[:4], [-1, 0, 1, 2])
-    cache, _ = verify_forward(target, context, tree)
-    commit_path(cache, context.numel(), path)
+    kv = BatchKV(slots=1, capacity=8)  # small: the verification grows it
+    slot = kv.attach_target(target)
+    batch_forward(target, [slot], [DraftTree.chain(context)], capture_aux=False)
+    slot.commit(0, list(range(context.numel())))
+    batch_forward(target, [slot], [tree])
+    slot.commit(context.numel(), path)
     fresh = prefill(target, torch.cat([context, tree.tokens[path]]))
-    assert cache.get_seq_length() == context.numel() + len(path)
-    for got, want in zip(cache.layers, fresh.layers):
-        torch.testing.assert_close(got.keys, want.keys, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(got.values, want.values, rtol=1e-10, atol=1e-10)
+    assert slot.length == context.numel() + len(path)
+    for keys, values, want in zip(kv.keys, kv.values, fresh.layers):
+        torch.testing.assert_close(keys[:1, :, :slot.length], want.keys, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(values[:1, :, :slot.length], want.values, rtol=1e-10, atol=1e-10)
     # and decoding continues exactly as from the fresh cache
     nxt = torch.tensor([7])
     pos = torch.tensor([context.numel() + len(path)])
-    torch.testing.assert_close(target.forward(nxt, pos, cache).logits, target.forward(nxt, pos, fresh).logits)
+    torch.testing.assert_close(batch_forward(target, [slot], [DraftTree(nxt, [-1])]).logits[0],
+                               target.forward(nxt, pos, fresh).logits)
 
 
 def _proposer(target):

@@ -147,23 +147,25 @@ def test_seeded_sampling_is_reproducible(shape):
 
 
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(3, 4, 12)], ids=str)
-def test_static_cache_growing_mid_generation(shape, monkeypatch):
-    """A solo sequence decodes on a preallocated StaticKV; with no slack a verified tree overruns
-    its capacity near the end, so it doubles mid-forward, and the output stays plain greedy's."""
+def test_slot_cache_growing_mid_generation(shape, monkeypatch):
+    """A solo sequence decodes on a preallocated one-slot BatchKV of its own; with no slack a
+    verified tree overruns its capacity near the end, so it doubles mid-generation, and the output
+    stays plain greedy's."""
     import anchorspec.decode.engine as engine_module
+    from anchorspec.decode.batch import KVSlot
     from anchorspec.decode.engine import PlainDecoding
-    from anchorspec.decode.kv import StaticKV
 
-    monkeypatch.setattr(engine_module, "STATIC_SLACK", 0)
+    monkeypatch.setattr(engine_module, "SLOT_SLACK", 0)
     target = tiny_target("llama")
     prompt = prompts()[0]
     cfg = GenerationConfig(max_new_tokens=16)
     plain = PlainDecoding(target, prompt, cfg)
     ref = plain.run().token_ids
-    assert isinstance(plain.cache, StaticKV) and plain.cache.length == prompt.numel() + 15  # the last token is not fed
+    assert isinstance(plain.cache, KVSlot) and plain.cache.length == prompt.numel() + 15  # the last token is not fed
+    assert plain.cache.kv.capacity == prompt.numel() + 15 and plain.cache.kv.num_slots == 1
     for proposer in (OracleProposer(target), EagleProposer(random_drafter(target))):
         dec = engine_module.SpeculativeDecoding(target, proposer, prompt, cfg, shape)
         assert dec.run().token_ids == ref
-        assert isinstance(dec.cache, StaticKV)
+        assert isinstance(dec.cache, KVSlot) and dec.cache.length == prompt.numel() + 15
         # a chain capped to the budget fits exactly; a capped tree keeps its node count and overruns
-        assert (dec.cache.capacity > prompt.numel() + 15) == (not shape.is_chain)
+        assert (dec.cache.kv.capacity > prompt.numel() + 15) == (not shape.is_chain)

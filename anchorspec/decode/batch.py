@@ -13,12 +13,15 @@ padded to N = max n_b:
   - additive mask [B, 1, N, K], K = max_b length_b + N: query j of row b sees keys [0, length_b)
     and the new keys of its tree ancestors (length_b + ancestor), i.e. exactly its solo tree mask;
     padding queries see only themselves (finite outputs that nobody reads).
-Commit, per slot: keep the accepted tree rows at length_b .. length_b + len(path) - 1 (the
-equivalent of kv.commit_path for a DynamicCache).
+Commit, per slot: move the accepted path's rows to length_b .. length_b + len(path) - 1 (their
+RoPE positions were already length_b + depth, i.e. exactly those rows); the rest become scratch.
 
 Live slots stay dense (indices 0..n-1; releasing one moves the last into its place), so a forward
-over all live sequences reads views of the buffers, never copies. Prefills are not run here: a
-sequence prefills alone on a DynamicCache and `attach` copies that cache into a slot.
+over all live sequences (or any run of consecutive slots) reads views of the buffers, never copies.
+
+A solo generation is a batch of one on a one-slot BatchKV of its own (decode/engine.py), its prefill
+included: one row whose tree is a chain (a prompt, a plain step, a drafted chain) needs no mask
+tensor, so the model builds its own causal mask from the sizes the cache reports (or none at all).
 """
 
 from __future__ import annotations
@@ -28,9 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import AnchorspecError
-from ..models.drafter import additive_mask
+from ..models.masks import additive_mask
 from ..models.target import Target
-from .kv import filled_full_attention
 from .tree import DraftTree
 
 
@@ -83,18 +85,15 @@ class BatchKV:
     def num_slots(self) -> int:
         return self.keys[0].shape[0] if self.keys else 0
 
-    @staticmethod
-    def accepts(cache) -> bool:
-        """Whether `cache` is a filled DynamicCache of full-attention layers only (what a slot holds)."""
-        return filled_full_attention(cache)
-
     @torch.inference_mode()
-    def attach(self, cache) -> KVSlot:
-        """Copy a (prefilled, full-attention) DynamicCache into a new slot."""
-        if not self.accepts(cache):
-            raise AnchorspecError("BatchKV.attach needs a filled full-attention DynamicCache "
-                                  "(no sliding-window layers)")
-        return self.attach_rows([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
+    def attach_target(self, target: Target) -> KVSlot:
+        """A new empty slot for a sequence of `target`: its prefill writes straight into it."""
+        c = target.config
+        heads = c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        empty = torch.zeros(1, kv_heads, 0, head_dim, dtype=target.dtype, device=target.embed_weight.device)
+        return self.attach_rows([empty] * target.num_layers, [empty] * target.num_layers)
 
     @torch.inference_mode()
     def attach_rows(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> KVSlot:
@@ -138,7 +137,7 @@ class BatchKV:
     @torch.inference_mode()
     def release(self, slot: KVSlot) -> None:
         """Free a slot; the last live slot moves into its place, so live slots stay 0..n-1."""
-        self._check(slot)
+        self.check(slot)
         last = self.slots.pop()
         if last is not slot:
             for buf in self.keys + self.values:
@@ -152,7 +151,7 @@ class BatchKV:
     @torch.inference_mode()
     def commit(self, slot: KVSlot, start: int, keep: list[int]) -> None:
         """The slot holds `start` committed rows plus new rows; keep new rows `keep`, in order."""
-        self._check(slot)
+        self.check(slot)
         if start != slot.length:
             raise AnchorspecError(f"commit at row {start}, but the slot holds {slot.length} committed rows")
         n = len(keep)
@@ -166,7 +165,8 @@ class BatchKV:
                 row[:, start:start + n] = row.index_select(1, src)
         slot.length = start + n
 
-    def _check(self, slot: KVSlot) -> None:
+    def check(self, slot: KVSlot) -> None:
+        """Refuse a slot that was released or belongs to another BatchKV."""
         if slot.kv is not self or slot.released or self.slots[slot.index] is not slot:
             raise AnchorspecError("this KV slot was released or belongs to another BatchKV")
 
@@ -201,7 +201,7 @@ def batch_allowed(trees: list[DraftTree], past_lens: list[int], width: int, kv_l
     return padded_allowed([tree.ancestors() for tree in trees], past_lens, width, kv_len)
 
 
-class _ForwardCache:
+class ForwardCache:
     """The cache a model sees in one batched forward: HF's `past_key_values` (`update`) or the
     drafter's (`append`, one layer). Writes row b's new keys/values at its slot's rows past_b + j
     (past_b: the slot's length, plus any speculative rows an earlier drafter level wrote) and
@@ -209,12 +209,20 @@ class _ForwardCache:
 
     def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int):
         self.kv, self.kv_len, self.batch = kv, kv_len, len(indices)
-        device = kv.keys[0].device
-        self.dense = indices == list(range(len(indices)))
-        self.index = torch.tensor(indices, dtype=torch.long, device=device)
-        self.rows = self.index[:, None]
-        past = torch.tensor(past_lens, dtype=torch.long, device=device)
-        self.cols = past[:, None] + torch.arange(width, device=device)
+        self.first, self.past = indices[0], past_lens[0]
+        self.consecutive = indices == list(range(self.first, self.first + len(indices)))  # views, no gather
+        if len(indices) > 1:
+            device = kv.keys[0].device
+            self.index = torch.tensor(indices, dtype=torch.long, device=device)
+            past = torch.tensor(past_lens, dtype=torch.long, device=device)
+            self.rows, self.cols = self.index[:, None], past[:, None] + torch.arange(width, device=device)
+
+    # transformers' mask code asks these when it builds the causal mask itself (one row, no mask given)
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.past
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:  # keys seen, first key
+        return self.kv_len, 0
 
     @property
     def length(self) -> int:  # the drafter reads it only to build a default mask; batched passes pass one
@@ -226,9 +234,12 @@ class _ForwardCache:
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # HF Cache.update's signature (5.x passes kwargs=)
         out = []
         for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
-            buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)
+            if self.batch == 1:  # narrow + copy_: in place, no index tensors
+                buf[self.first].narrow(1, self.past, new.shape[2]).copy_(new[0])
+            else:
+                buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)
             rows = buf[:, :, :self.kv_len]  # cut to kv_len first: a gather then copies only these rows
-            out.append(rows[:self.batch] if self.dense else rows.index_select(0, self.index))
+            out.append(rows.narrow(0, self.first, self.batch) if self.consecutive else rows.index_select(0, self.index))
         return out[0], out[1]
 
 
@@ -242,16 +253,17 @@ class BatchOutput:
 
 @torch.inference_mode()
 def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], capture_aux: bool = True,
-                  positions_fn=batch_position_ids, allowed_fn=batch_allowed) -> BatchOutput:
+                  last_only: bool = False, positions_fn=batch_position_ids, allowed_fn=batch_allowed) -> BatchOutput:
     """One target forward over `trees[b]` appended to `slots[b]` (each slot's length = its past).
 
     Writes the new rows into the slots' scratch area; nothing is committed (call slot.commit).
-    `positions_fn` / `allowed_fn` exist so tests can inject a wrong mask and see it caught."""
+    `last_only`: logits of each row's last node only (a prefill). `positions_fn` / `allowed_fn`
+    exist so tests can inject a wrong mask and see it caught."""
     if not slots or len(slots) != len(trees):
         raise AnchorspecError(f"batch_forward needs one tree per slot, got {len(slots)} slots, {len(trees)} trees")
     kv = slots[0].kv
     for slot in slots:
-        kv._check(slot)
+        kv.check(slot)
     indices = [s.index for s in slots]
     if len(set(indices)) != len(indices):
         raise AnchorspecError("batch_forward: a slot appears twice in one batch")
@@ -264,11 +276,14 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
     for b, tree in enumerate(trees):
         ids[b, :tree.size] = tree.tokens
         ids[b, tree.size:] = tree.tokens[0]  # any valid id: padding outputs are never read
-    mask = additive_mask(allowed_fn(trees, past, width, kv_len).to(device), target.dtype)[:, None]
-    keep = torch.cat([torch.arange(t.size) + b * width for b, t in enumerate(trees)])
+    if len(trees) == 1 and trees[0].is_chain:
+        mask = None  # plain causal attention: the model's own mask (SDPA may need none at all)
+    else:
+        mask = additive_mask(allowed_fn(trees, past, width, kv_len).to(device), target.dtype)[:, None]
+    keep = torch.cat([torch.arange(t.size - 1 if last_only else 0, t.size) + b * width for b, t in enumerate(trees)])
     out = target.forward_rows(ids.to(device), positions_fn(trees, past, width).to(device),
-                              _ForwardCache(kv, indices, past, width, kv_len), mask, keep, capture_aux)
-    sizes = [t.size for t in trees]
+                              ForwardCache(kv, indices, past, width, kv_len), mask, keep, capture_aux)
+    sizes = [1 if last_only else t.size for t in trees]
     logits = list(out.logits.split(sizes))
-    aux = [out.aux[b, :n] for b, n in enumerate(sizes)] if capture_aux else None
-    return BatchOutput(logits, aux, width, sum(sizes))
+    aux = [out.aux[b, :t.size] for b, t in enumerate(trees)] if capture_aux else None
+    return BatchOutput(logits, aux, width, sum(t.size for t in trees))

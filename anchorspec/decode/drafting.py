@@ -2,10 +2,10 @@
 
 A proposer drafts by yielding DraftPass requests (one drafter forward each) and receiving their
 PassOutput; the program returns its DraftTree. Who runs the passes decides batching:
-  - `run_program(program)` runs each pass at once on the sequence's own KVCache (batch 1);
   - `run_lockstep(programs)` (a BatchDecoder round, decode/round.py) advances all programs
     together: the passes of all sequences at the same level become ONE padded drafter forward
-    (`run_passes`) over their slots of a shared drafter BatchKV.
+    (`run_passes`) over their slots of a shared drafter BatchKV;
+  - `run_program(program)` is a lockstep of one: each pass on the sequence's own KVCache (batch 1).
 
 Rows of a drafter cache: `committed` real rows (positions with target features), then, while a
 draft is being built, speculative rows (drafted tokens). A pass writes its n rows right after the
@@ -26,9 +26,9 @@ from typing import Generator
 import torch
 
 from ..errors import AnchorspecError
-from ..models.drafter import CAUSAL, Eagle3Drafter, KVCache, additive_mask
-from .batch import KVSlot, _ForwardCache, padded_allowed
-from .program import run
+from ..models.drafter import Eagle3Drafter, KVCache
+from ..models.masks import CAUSAL, additive_mask
+from .batch import ForwardCache, KVSlot, padded_allowed
 
 WIDE = 32  # passes with more new tokens (a prompt, a long plain stretch) batch only with passes of similar size
 
@@ -71,25 +71,15 @@ class PassOutput:
 Program = Generator[DraftPass, PassOutput, object]
 
 
-def finished(value):
-    """A program that needs no drafter pass and returns `value` (a plain step, an unbatched proposer)."""
-    return value
-    yield  # noqa: unreachable - makes this a generator
-
-
 @torch.inference_mode()
 def run_program(program: Program):
-    """Run a program's passes one by one, batch 1; returns its result. (Programs hold no
-    inference_mode of their own: a context manager open across a yield would leak into the
-    caller's code between passes. Their drivers run them under it.)"""
-    return run(program, _run_one)
-
-
-def _run_one(request: DraftPass) -> PassOutput:
-    out = run_passes([request])[0]
-    if isinstance(out, Exception):
-        raise out
-    return out
+    """Run one program alone (a lockstep of one); returns its result or raises its exception.
+    (Programs hold no inference_mode of their own: a context manager open across a yield would
+    leak into the caller's code between passes. Their drivers run them under it.)"""
+    (result,) = run_lockstep([program]).results
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 @dataclass
@@ -192,7 +182,7 @@ def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
     drafter = passes[0].drafter
     kv = passes[0].cache.kv
     for p in passes:
-        kv._check(p.cache)
+        kv.check(p.cache)
         if p.past < p.cache.length:
             raise AnchorspecError(f"drafter pass after {p.past} rows, but the slot holds {p.cache.length} committed")
     past = [p.past for p in passes]
@@ -214,7 +204,7 @@ def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
         ids[b, :p.size], pos[b, :p.size] = p.tokens, p.positions
         if not p.is_context:
             x[b, :p.size] = p.x_in
-    cache = _ForwardCache(kv, [p.cache.index for p in passes], past, width, kv_len)
+    cache = ForwardCache(kv, [p.cache.index for p in passes], past, width, kv_len)
     if B == 1 and past[0] == 0 and passes[0].block is None:
         mask = CAUSAL  # a first pass over a prompt: SDPA's own causal mask, no [T, T] tensor
     else:

@@ -1,18 +1,23 @@
-"""The generation loops, batch 1: plain decoding and speculative decoding.
+"""The generation loop, batch 1: speculative decoding, and plain decoding as the same loop with no
+proposer (a 1-node tree each step).
 
-Speculative loop, one iteration:
+One iteration:
     tree    = proposer.propose(...)                      # draft (root = pending token)
     logits  = target(tree tokens, tree mask, positions)  # verify in one forward
     verdict = verify(tree, logits)                       # accepted path + one target token
-    commit_path(cache, ...)                              # keep the path's KV rows, drop the rest
+    slot.commit(...)                                     # keep the path's KV rows, drop the rest
     proposer.update(sequence, aux features of the path)  # drafter sees the real features
+
+The target runs through decode/batch.py's batch_forward on a KV slot, always: a solo generation is
+a batch of one on a one-slot BatchKV of its own (its prefill too), so there is one forward, one
+commit and one cache for solo and batched decoding.
 
 Both loops are step-able objects (PlainDecoding, SpeculativeDecoding: one step per `step()`), so a
 server can interleave many sequences; generate_vanilla / generate_speculative just run them to the end.
 A step after the prefill is split in three so that several sequences can share one target forward
 (decode/round.py): `prepare()` drafts and returns the rows to verify (a DraftTree; a plain step is a
 1-node tree), the caller runs the target on them, `finish(logits, aux, verify_s)` verifies, commits,
-emits and counts. `step()` is exactly prepare + a batch-1 forward on the sequence's own cache + finish.
+emits and counts. `step()` is exactly prepare + a batch-of-one forward + finish.
 """
 
 from __future__ import annotations
@@ -26,13 +31,12 @@ from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from ..models.target import Target
 from .adaptive import AdaptiveDepth
-from .batch import KVSlot
-from .drafting import Program, finished, run_program
+from .batch import BatchKV, KVSlot, batch_forward
+from .drafting import Program, run_program
 from .fallback import StreamMonitor
-from .kv import StaticKV, commit_path, filled_full_attention
 from .propose import Proposer
 from .sampling import SamplingParams, pick_token, probs_from_logits
-from .tree import DraftTree, TreeShape, tree_attention_mask, tree_position_ids
+from .tree import DraftTree, TreeShape
 from .verify import Verdict, verify_chain_sampling, verify_greedy, verify_tree_sampling
 
 
@@ -98,6 +102,8 @@ def _check_prompt(target: Target, prompt_ids: torch.Tensor, cfg: GenerationConfi
 
 
 def _verify(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, gen) -> Verdict:
+    if tree.size == 1:  # a plain step: the target's own next token
+        return Verdict([0], pick_token(logits[0], params, gen))
     if params.greedy:
         return verify_greedy(tree, logits)
     probs = probs_from_logits(logits, params)
@@ -116,42 +122,69 @@ class StepReport:
     accepted: int = 0
     depth: int = 0  # levels of the verified draft
     draft_s: float = 0.0
-    verify_s: float = 0.0  # the target forward of this step (for plain steps: the whole step)
+    verify_s: float = 0.0  # the target forward of this step
 
 
-STATIC_SLACK = 64  # rows a solo StaticKV holds beyond prompt + budget (a verified tree's extra rows)
+SLOT_SLACK = 64  # rows a solo slot holds beyond prompt + budget (a verified tree's extra rows)
 
 
-class _Decoding:
-    """Shared state of a step-able generation: prompt check, output, stats, wall clock, and the
-    target KV cache: a DynamicCache for the prefill, then a StaticKV of its own when it steps alone,
-    or a slot of a BatchKV once attached to a batch."""
+def full_attention(target: Target) -> bool:
+    """Whether every layer of the target's cache attends to the whole past (what a KV slot holds)."""
+    from transformers.cache_utils import DynamicLayer
 
-    def __init__(self, target: Target, prompt_ids, cfg: GenerationConfig):
+    return all(type(layer) is DynamicLayer for layer in target.new_cache().layers)
+
+
+class SpeculativeDecoding:
+    """Speculative decoding of one sequence, one draft-verify-commit step per `step()` call, so a
+    server can interleave many sequences. `step(speculate=False)` verifies the pending token
+    alone (a plain decode step); the target features of such steps are kept and handed to the
+    proposer when speculation resumes, so its cache stays exact.
+
+    The target KV cache is a slot of a BatchKV: of the shared one once `join`ed to a batch, else of
+    a one-slot BatchKV of its own (a solo generation is a batch of one). A target with sliding-window
+    layers cannot use a slot: it keeps transformers' DynamicCache and takes plain steps only."""
+
+    def __init__(self, target: Target, proposer: Proposer | None, prompt_ids, cfg: GenerationConfig,
+                 shape: TreeShape | AdaptiveDepth | None):
         self.target, self.cfg = target, cfg
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())
         self.gen = cfg.generator()
         self.out = _Output(cfg)
-        self.cache = target.new_cache()
+        self.cache: KVSlot | object | None = None  # a KVSlot, or a DynamicCache (sliding-window target)
+        self.batched = False  # in a BatchDecoder's shared cache (decode/round.py)
         self.started = False
         self.t0 = 0.0
         self.committed = 0  # rows in the target cache
         self._pending: tuple[DraftTree, float] | None = None  # prepared, not yet finished: (rows, draft_s)
+        # an AdaptiveDepth changes the shape from step to step; self.shape is then its base shape
+        self.policy = shape if isinstance(shape, AdaptiveDepth) else None
+        self.proposer, self.shape = proposer, shape.base if self.policy else shape
+        if proposer is not None:
+            proposer.reset()
 
     @property
     def finished(self) -> bool:
         return self.out.finish is not None
 
-    @property
-    def batched(self) -> bool:
-        return isinstance(self.cache, KVSlot)
+    def join(self, kv: BatchKV) -> None:
+        """Decode in `kv`, shared with other sequences (before the prefill, which writes into it)."""
+        if self.started:
+            raise AnchorspecError("join a batch before the prefill")
+        self.cache, self.batched = kv.attach_target(self.target), True
 
     def use_slot(self, slot: KVSlot) -> None:
-        """Continue in a batch: `slot` holds a copy of this sequence's cache (BatchKV.attach)."""
+        """Continue in a batch: `slot` holds a copy of this sequence's committed rows."""
         if slot.length != self.committed:
             raise AnchorspecError(f"KV slot holds {slot.length} rows, the sequence has {self.committed}")
-        self.cache = slot
+        self.cache, self.batched = slot, True
+
+    def slots(self) -> list[KVSlot]:
+        """The shared batch cache slots this sequence holds (to release when it ends)."""
+        target = [self.cache] if self.batched else []
+        proposer_cache = getattr(self.proposer, "cache", None)
+        return target + ([proposer_cache] if isinstance(proposer_cache, KVSlot) else [])
 
     def _emit(self, tokens: list[int]) -> list[int]:
         """Push tokens until a stop; returns the ones actually emitted."""
@@ -164,13 +197,23 @@ class _Decoding:
                 break
         return emitted
 
+    def _forward(self, tree: DraftTree, capture_aux: bool, last_only: bool = False):
+        """The target on `tree` after the committed rows, alone: (logits, aux or None)."""
+        if isinstance(self.cache, KVSlot):
+            out = batch_forward(self.target, [self.cache], [tree], capture_aux, last_only)
+            return out.logits[0], out.aux[0] if capture_aux else None
+        if self.committed and tree.size > 1:
+            raise AnchorspecError("speculative decoding needs full-attention KV caches; this target has "
+                                  "sliding-window layers (plain decoding works)")
+        out = self.target.forward(tree.tokens, torch.arange(self.committed, self.committed + tree.size), self.cache,
+                                  capture_aux=capture_aux, last_only=last_only)
+        return out.logits, out.aux
+
     def _commit(self, keep: list[int], written: int) -> None:
-        """Keep tree rows `keep` (of the `written` after the committed prefix), in whichever cache
-        this sequence uses."""
-        if isinstance(self.cache, (KVSlot, StaticKV)):
+        """Keep tree rows `keep` of the `written` after the committed prefix (a DynamicCache only
+        takes 1-row steps: its row is already in place)."""
+        if isinstance(self.cache, KVSlot):
             self.cache.commit(self.committed, keep)
-        elif keep != list(range(written)):  # else nothing to move or drop (e.g. a plain step)
-            commit_path(self.cache, self.committed, keep)
         self.committed += len(keep)
 
     def _check_step(self) -> None:
@@ -189,105 +232,18 @@ class _Decoding:
         pending, self._pending = self._pending, None
         return pending
 
-    def prepare(self, *args, **kwargs) -> DraftTree:
-        raise NotImplementedError
-
-    def draft(self, *args, **kwargs) -> Program:
-        """`prepare` as a program of drafter passes (decode/drafting.py)."""
-        raise NotImplementedError
-
-    def slots(self) -> list[KVSlot]:
-        """The batch cache slots this sequence holds (to release when it ends)."""
-        return [self.cache] if self.batched else []
-
-    def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
-        raise NotImplementedError
-
-    def _solo_step(self, *args) -> StepReport:
-        """prepare + a batch-1 forward on this sequence's own cache (a StaticKV after the prefill) + finish."""
-        if self.batched:
-            raise AnchorspecError("this sequence is attached to a batch: step it with its BatchDecoder")
-        if not isinstance(self.cache, StaticKV) and filled_full_attention(self.cache):
-            # in-place writes from now on; a sliding-window cache stays a DynamicCache
-            self.cache = StaticKV(self.cache, self.committed + self.out.remaining + STATIC_SLACK)
-        tree = self.prepare(*args)
-        t = time.perf_counter()
-        out = self._solo_forward(tree)
-        return self.finish(out.logits, out.aux, time.perf_counter() - t)
-
-    def result(self) -> GenerationResult:
-        if not self.finished:
-            raise AnchorspecError("generation is not finished yet")
-        return GenerationResult(self.out.tokens, self.out.finish, self.stats)
-
-    def run(self) -> GenerationResult:
-        while not self.finished:
-            self.step()
-        return self.result()
-
-
-class PlainDecoding(_Decoding):
-    """Plain autoregressive decoding with a KV cache, one token per step: the reference every
-    speculative run must match."""
-
-    @torch.inference_mode()
-    def step(self) -> StepReport:
-        self._check_step()
-        if self.started:
-            return self._solo_step()
-        self.started = True
-        self.t0 = t = time.perf_counter()
-        logits = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, last_only=True).logits[-1]
-        self.stats.prefill_s = time.perf_counter() - t
-        self.stats.target_forwards = 1
-        self.committed = self.ids.numel()
-        token = pick_token(logits, self.cfg.sampling, self.gen)
-        return StepReport(self._emit([token]), "prefill", verify_s=time.perf_counter() - t)
-
-    def draft(self) -> Program:
-        return finished(self.prepare())
-
-    def prepare(self) -> DraftTree:
-        """The pending token alone, at the next position."""
-        self._check_step()
-        if not self.started:
-            raise AnchorspecError("prefill first: the first step() runs the prompt")
-        return self._begin(DraftTree(torch.tensor([self.out.tokens[-1]]), [-1]), time.perf_counter())
-
-    def _solo_forward(self, tree: DraftTree):
-        return self.target.forward(tree.tokens, torch.tensor([self.committed]), self.cache)
-
-    @torch.inference_mode()
-    def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
-        self._take_pending()
-        t = time.perf_counter()
-        self._commit([0], 1)
-        self.stats.target_forwards += 1
-        token = pick_token(logits[-1], self.cfg.sampling, self.gen)
-        # verify_s covers the whole step, as the monitor's plain cost does
-        return StepReport(self._emit([token]), "plain", verify_s=verify_s + time.perf_counter() - t)
-
-
-class SpeculativeDecoding(_Decoding):
-    """Speculative decoding of one sequence, one draft-verify-commit step per `step()` call, so a
-    server can interleave many sequences. `step(speculate=False)` verifies the pending token
-    alone (a plain decode step); the target features of such steps are kept and handed to the
-    proposer when speculation resumes, so its cache stays exact."""
-
-    def __init__(self, target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
-                 shape: TreeShape | AdaptiveDepth):
-        super().__init__(target, prompt_ids, cfg)
-        # an AdaptiveDepth changes the shape from step to step; self.shape is then its base shape
-        self.policy = shape if isinstance(shape, AdaptiveDepth) else None
-        self.proposer, self.shape = proposer, shape.base if self.policy else shape
-        proposer.reset()
-
     @torch.inference_mode()
     def step(self, speculate: bool = True) -> StepReport:
+        """The prefill, then prepare + a batch-of-one forward + finish."""
         self._check_step()
         if not self.started:
             return self._prefill()
-        return self._solo_step(speculate)
+        if self.batched:
+            raise AnchorspecError("this sequence is attached to a batch: step it with its BatchDecoder")
+        tree = self.prepare(speculate)
+        t = time.perf_counter()
+        logits, aux = self._forward(tree, capture_aux=self.proposer is not None)
+        return self.finish(logits, aux, time.perf_counter() - t)
 
     @torch.inference_mode()
     def prepare(self, speculate: bool = True) -> DraftTree:
@@ -303,9 +259,9 @@ class SpeculativeDecoding(_Decoding):
         t = time.perf_counter()
         shape = self.policy.shape() if self.policy else self.shape
         # never draft deeper than the tokens still allowed (the bonus token takes one)
-        step_shape = shape.capped(self.out.remaining - 1) if speculate else None
-        if step_shape is None:  # nothing to draft (no room, or speculation is off): verify the root alone
-            return self._begin(DraftTree(self.sequence[-1:].clone(), [-1]), t)
+        step_shape = shape.capped(self.out.remaining - 1) if speculate and self.proposer is not None else None
+        if step_shape is None:  # nothing to draft (no proposer, no room, or speculation is off): the root alone
+            return self._begin(DraftTree(torch.tensor(self.out.tokens[-1:]), [-1]), t)
         if hasattr(self.proposer, "propose_passes"):
             yield from self.proposer.update_passes(self.sequence, self.aux)
             self.aux = None
@@ -316,21 +272,18 @@ class SpeculativeDecoding(_Decoding):
             tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
         return self._begin(tree, t)
 
-    def slots(self) -> list[KVSlot]:
-        proposer_cache = getattr(self.proposer, "cache", None)
-        return super().slots() + ([proposer_cache] if isinstance(proposer_cache, KVSlot) else [])
-
-    def _solo_forward(self, tree: DraftTree):
-        # one token sees the whole cache: no mask (a plain step costs what PlainDecoding's does)
-        mask = tree_attention_mask(tree, self.committed, self.target.dtype) if tree.size > 1 else None
-        return self.target.forward(tree.tokens, tree_position_ids(tree, self.committed), self.cache,
-                                   attention_mask=mask, capture_aux=True)
+    def result(self) -> GenerationResult:
+        if not self.finished:
+            raise AnchorspecError("generation is not finished yet")
+        return GenerationResult(self.out.tokens, self.out.finish, self.stats)
 
     def run(self, fallback: StreamMonitor | None = None) -> GenerationResult:
         """To the end; with `fallback`, steps go plain while it says speculation does not pay
         (decode/fallback.py), and its costs and acceptance learn from every step."""
-        if fallback is None or not fallback.enabled:
-            return super().run()
+        if fallback is None or not fallback.enabled or self.proposer is None:
+            while not self.finished:
+                self.step()
+            return self.result()
         if not fallback.calibrated and fallback.fixed_threshold is None:
             fallback.calibrate(self.target, self.proposer)  # leaves the proposer reset
         state = fallback.start(self.shape)
@@ -350,11 +303,13 @@ class SpeculativeDecoding(_Decoding):
 
     @torch.inference_mode()
     def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
-        """`logits` [N, V] and `aux` [N, n_aux * H]: the target on the prepared tree's N nodes."""
+        """`logits` [N, V] and `aux` [N, n_aux * H] (None without a proposer): the target on the
+        prepared tree's N nodes."""
         tree, draft_s = self._take_pending()
         stats = self.stats
-        stats.draft_s += draft_s
-        stats.verify_s += verify_s
+        if self.proposer is not None:  # plain decoding has no draft and no verification to time
+            stats.draft_s += draft_s
+            stats.verify_s += verify_s
         verdict = _verify(tree, logits, self.cfg.sampling, self.gen)
         self._commit(verdict.path, tree.size)
         if tree.size > 1:
@@ -365,9 +320,10 @@ class SpeculativeDecoding(_Decoding):
             stats.target_forwards += 1
         new = [int(tree.tokens[i]) for i in verdict.path[1:]] + [verdict.next_token]
         emitted = self._emit(new)
-        self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
-        path_aux = aux[verdict.path]
-        self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
+        if self.proposer is not None:
+            self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
+            path_aux = aux[verdict.path]
+            self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
         if tree.size > 1:
             return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
                               verify_s)
@@ -376,14 +332,30 @@ class SpeculativeDecoding(_Decoding):
     def _prefill(self) -> StepReport:
         self.started = True
         self.t0 = t = time.perf_counter()
-        first = self.target.forward(self.ids, torch.arange(self.ids.numel()), self.cache, capture_aux=True, last_only=True)
+        if self.cache is None:  # solo: a one-slot cache of its own, room for the whole generation
+            if full_attention(self.target):
+                # the last new token is never fed: prompt + budget - 1 rows, plus a tree's extra rows
+                kv = BatchKV(slots=1, capacity=self.ids.numel() + self.cfg.max_new_tokens - 1 + SLOT_SLACK)
+                self.cache = kv.attach_target(self.target)
+            else:
+                self.cache = self.target.new_cache()
+        logits, aux = self._forward(DraftTree.chain(self.ids), capture_aux=self.proposer is not None, last_only=True)
+        self._commit(list(range(self.ids.numel())), self.ids.numel())
         self.stats.prefill_s = time.perf_counter() - t
         self.stats.target_forwards = 1
-        self.committed = self.ids.numel()
-        token = pick_token(first.logits[-1], self.cfg.sampling, self.gen)
-        self.sequence = torch.cat([self.ids, torch.tensor([token])])
-        self.aux = first.aux  # target features not yet handed to the proposer
+        token = pick_token(logits[-1], self.cfg.sampling, self.gen)
+        if self.proposer is not None:
+            self.sequence = torch.cat([self.ids, torch.tensor([token])])
+            self.aux = aux  # target features not yet handed to the proposer
         return StepReport(self._emit([token]), "prefill", verify_s=self.stats.prefill_s)
+
+
+class PlainDecoding(SpeculativeDecoding):
+    """Plain autoregressive decoding, one token per step: the speculative loop with no proposer (a
+    1-node tree each step). The reference every speculative run must match."""
+
+    def __init__(self, target: Target, prompt_ids, cfg: GenerationConfig):
+        super().__init__(target, None, prompt_ids, cfg, None)
 
 
 def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> GenerationResult:

@@ -2,10 +2,10 @@
 drafter forward per draft level and its verification ONE target forward, over all sequences.
 
 A round over step-able decodings (PlainDecoding / SpeculativeDecoding, decode/engine.py):
-  1. a sequence that has not started prefills alone (batch 1, on its own DynamicCache), then moves
-     into a slot of the shared BatchKV (and its drafter cache into a slot of the drafter's); it
-     joins the batched forwards from the next round on (a cache with sliding-window layers cannot
-     move: that sequence keeps stepping alone, as before);
+  1. a sequence that has not started takes a slot of the shared BatchKV and prefills alone into it
+     (a batch of one), then its drafter cache moves into a slot of the drafter's; it joins the
+     batched forwards from the next round on (a target with sliding-window layers cannot use a
+     slot: that sequence keeps stepping alone on its DynamicCache);
   2. every other sequence drafts: its drafting program (decode/drafting.py) advances in lockstep
      with the others', so the passes of one draft level (the context update, then each tree level
      or chain step) of all sequences are one padded drafter forward; a plain step drafts nothing
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ..models.target import Target
 from .batch import BatchKV, batch_forward
 from .drafting import run_lockstep
-from .engine import _Decoding
+from .engine import SpeculativeDecoding, full_attention
 from .tree import DraftTree
 
 
@@ -61,7 +61,7 @@ class BatchDecoder:
         self.kv = kv or BatchKV()
         self.draft_kv: dict[int, BatchKV] = {}  # id(drafter) -> the drafter caches of its sequences
 
-    def round(self, items: list[tuple[_Decoding, bool | None]]) -> RoundResult:
+    def round(self, items: list[tuple[SpeculativeDecoding, bool | None]]) -> RoundResult:
         """`items`: (decoding, speculate) with speculate None for a PlainDecoding. Finished
         decodings must not be passed; a decoding that fails is released here."""
         reports: list = [None] * len(items)
@@ -70,10 +70,14 @@ class BatchDecoder:
         for i, (dec, speculate) in enumerate(items):
             try:
                 if not dec.started:
+                    if full_attention(dec.target):
+                        dec.join(self.kv)
                     reports[i] = dec.step()
                     result.prefills += 1
-                    if not dec.finished and BatchKV.accepts(dec.cache):
-                        self._attach(dec)
+                    if dec.finished:
+                        self.release(dec)
+                    elif dec.batched:
+                        self._attach_drafter(dec)
                 elif not dec.batched:  # its cache cannot join the batch: it keeps stepping alone
                     reports[i] = dec.step() if speculate is None else dec.step(speculate)
                     result.solo += 1
@@ -87,10 +91,9 @@ class BatchDecoder:
             self._forward(items, prepared, result)
         return result
 
-    def _attach(self, dec: _Decoding) -> None:
-        """Move a prefilled sequence's target cache, and its drafter cache if it drafts in passes,
-        into slots of the shared caches (one drafter BatchKV per drafter)."""
-        dec.use_slot(self.kv.attach(dec.cache))
+    def _attach_drafter(self, dec: SpeculativeDecoding) -> None:
+        """Move a prefilled sequence's drafter cache, if it drafts in passes, into a slot of the
+        shared drafter cache (one drafter BatchKV per drafter)."""
         proposer = getattr(dec, "proposer", None)
         if hasattr(proposer, "use_slot"):
             kv = self.draft_kv.setdefault(id(proposer.drafter), BatchKV())
@@ -143,7 +146,7 @@ class BatchDecoder:
                 if dec.finished:
                     self.release(dec)
 
-    def release(self, decoding: _Decoding) -> None:
+    def release(self, decoding: SpeculativeDecoding) -> None:
         """Free the decoding's slots (finished, cancelled or failed); a no-op if it has none."""
         for slot in decoding.slots():
             if not slot.released:

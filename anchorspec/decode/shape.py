@@ -36,10 +36,10 @@ from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from ..models.hub import cache_home
 from ..models.target import Target
-from .kv import commit_path
+from .batch import BatchKV, batch_forward
 from .propose import EagleProposer
 from .sampling import SamplingParams
-from .tree import DraftTree, TreeShape, tree_attention_mask, tree_position_ids
+from .tree import DraftTree, TreeShape
 
 CANDIDATES = (
     [TreeShape.chain(k) for k in range(1, 7)]
@@ -104,24 +104,24 @@ def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prom
 @torch.inference_mode()
 def verify_cost(target: Target, context: int, sizes: list[int], repeats: int = 9) -> tuple[dict[int, float], float]:
     """Median seconds of one tree-verification forward over N tokens after `context` tokens, per N,
-    and of one plain decode step (1 token, no mask, no aux). The sizes take turns within each repeat,
-    so a slow patch of the machine hits all of them alike."""
+    and of one plain decode step (1 token, no mask, no aux), on a one-slot cache as a solo
+    generation runs them. The sizes take turns within each repeat, so a slow patch of the machine
+    hits all of them alike."""
     ids = torch.arange(context) % target.vocab_size
-    cache = target.new_cache()
-    target.forward(ids, torch.arange(context), cache, last_only=True)
-    calls = {0: lambda: target.forward(torch.tensor([1]), torch.tensor([context]), cache)}  # 0: the plain step
+    slot = BatchKV(slots=1, capacity=context + max(sizes, default=1)).attach_target(target)
+    batch_forward(target, [slot], [DraftTree.chain(ids)], capture_aux=False, last_only=True)
+    slot.commit(0, list(range(context)))  # rows past the context are scratch: every call overwrites them
+    root = DraftTree(torch.tensor([1]), [-1])
+    calls = {0: lambda: batch_forward(target, [slot], [root], capture_aux=False)}  # 0: the plain step
     for n in sorted(set(sizes)):
         tree = DraftTree(torch.arange(n) % target.vocab_size, [-1] + [(i - 1) // 4 for i in range(1, n)])
-        mask, pos = tree_attention_mask(tree, context, target.dtype), tree_position_ids(tree, context)
-        calls[n] = (lambda t=tree, m=mask, p=pos:
-                    target.forward(t.tokens, p, cache, attention_mask=m, capture_aux=True))
+        calls[n] = lambda t=tree: batch_forward(target, [slot], [t])
     samples: dict[int, list[float]] = {n: [] for n in calls}
     for r in range(repeats + 2):  # two warm-up rounds
         for n, call in calls.items():
             t0 = time.perf_counter()
             call()
             dt = time.perf_counter() - t0
-            commit_path(cache, context, [])  # drop the rows just appended
             if r >= 2:
                 samples[n].append(dt)
     plain = statistics.median(samples.pop(0))

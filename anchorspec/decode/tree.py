@@ -13,7 +13,7 @@ from typing import Callable, Generator
 import torch
 
 from ..errors import AnchorspecError
-from ..models.drafter import additive_mask
+from ..models.masks import additive_mask
 from .program import run
 
 
@@ -82,6 +82,11 @@ class DraftTree:
             self.depths[i] = self.depths[p] + 1
             self.children[p].append(i)
 
+    @classmethod
+    def chain(cls, tokens: torch.Tensor) -> "DraftTree":
+        """`tokens` as a chain (a prompt, too: a prefill is a forward like any other step's)."""
+        return cls(tokens, list(range(-1, tokens.numel() - 1)))
+
     @property
     def size(self) -> int:
         return len(self.parents)
@@ -89,6 +94,11 @@ class DraftTree:
     @property
     def depth(self) -> int:
         return max(self.depths)
+
+    @property
+    def is_chain(self) -> bool:
+        """Each node's parent is the node before it: attention within the tree is plain causal."""
+        return self.depths[-1] == self.size - 1
 
     def ancestors(self) -> torch.Tensor:
         """[N, N] bool: anc[i, j] = j is i or an ancestor of i."""

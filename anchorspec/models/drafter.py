@@ -32,6 +32,8 @@ from torch import nn
 
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
+from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
+from .vocab_map import vocab_mapping
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -359,8 +361,6 @@ class Eagle3Drafter(nn.Module):
 
     def set_vocab_mapping(self, draft_token_ids: torch.Tensor) -> None:
         """Use the given target ids (any order, unique) as the draft vocabulary."""
-        from ..train.vocab import vocab_mapping  # the one definition of the d2t/t2d convention
-
         ids = torch.as_tensor(draft_token_ids, dtype=torch.long).view(-1)
         if ids.numel() != self.config.draft_vocab_size:
             raise AnchorspecError(f"draft vocabulary needs {self.config.draft_vocab_size} unique ids, got {ids.numel()}")
@@ -431,20 +431,6 @@ class Eagle3Drafter(nn.Module):
     def fed_back(self, h: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
         """What the next speculative step receives as x_in: norm(h) in 3.1 (norm_output), h in 3."""
         return normed if self.config.norm_output else h
-
-
-CAUSAL = "causal"  # `mask` value for a pass with an empty cache: SDPA applies the causal mask itself
-
-
-def causal_mask(T: int, past: int, dtype, device) -> torch.Tensor:
-    allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(diagonal=past)
-    return additive_mask(allowed, dtype)[None, None]
-
-
-def additive_mask(allowed: torch.Tensor, dtype) -> torch.Tensor:
-    """Boolean 'may attend' -> additive mask (0 or the dtype's most negative value)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 # --- checkpoints --------------------------------------------------------------------------------

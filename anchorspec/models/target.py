@@ -134,13 +134,14 @@ class Target:
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         cache,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         keep: torch.Tensor,
         capture_aux: bool = False,
     ) -> TargetOutput:
         """One padded batch: `input_ids`, `position_ids` [B, T], additive `attention_mask` [B, 1, T, K],
-        `cache` anything with the HF `update(keys, values, layer_idx)` method (the 4-D mask is used as
-        given, so transformers asks the cache nothing else).
+        `cache` anything with the HF `update(keys, values, layer_idx)` method (a 4-D mask is used as
+        given, so transformers asks the cache nothing else; with None it builds the causal mask from
+        the cache's `get_query_offset` and `get_mask_sizes`).
 
         Returns logits [R, V] for the `keep` flat indices (b * T + t) only, so padding rows never
         pay for the LM head, and aux [B, T, n_aux * H] for every row."""

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import AnchorspecError
-from ..models.drafter import Eagle3Drafter, additive_mask
+from ..models.drafter import Eagle3Drafter
+from ..models.masks import additive_mask
 from ..models.target import Target
 from .ttt import _score_dtype, context_mask, unroll_step
 

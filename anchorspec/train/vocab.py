@@ -14,17 +14,9 @@ from typing import Iterable
 import torch
 
 from anchorspec.errors import AnchorspecError
+from anchorspec.models.vocab_map import int_tensor, vocab_mapping  # noqa: F401 (vocab_mapping: re-exported)
 
 __all__ = ["count_loss_tokens", "select_draft_vocab", "vocab_mapping", "coverage"]
-
-
-def _as_int_tensor(x, what: str) -> torch.Tensor:
-    t = torch.as_tensor(x)
-    if t.numel() == 0:
-        return t.to(torch.long)
-    if t.is_floating_point() or t.is_complex():
-        raise AnchorspecError(f"{what} must hold integers, got dtype {t.dtype}")
-    return t.to(torch.long)
 
 
 def count_loss_tokens(batches: Iterable, vocab_size: int) -> torch.Tensor:
@@ -41,7 +33,7 @@ def count_loss_tokens(batches: Iterable, vocab_size: int) -> torch.Tensor:
             input_ids, loss_mask = pair
         except (TypeError, ValueError):
             raise AnchorspecError(f"batch {n}: expected an (input_ids, loss_mask) pair, got {type(pair).__name__}") from None
-        ids = _as_int_tensor(input_ids, f"batch {n}: input_ids")
+        ids = int_tensor(input_ids, f"batch {n}: input_ids")
         mask = torch.as_tensor(loss_mask)
         if ids.dim() not in (1, 2):
             raise AnchorspecError(f"batch {n}: input_ids must be 1-D or 2-D, got shape {tuple(ids.shape)}")
@@ -76,7 +68,7 @@ def select_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, always_inclu
     if not 1 <= k <= V:
         raise AnchorspecError(f"draft_vocab_size={draft_vocab_size} must be in 1..vocab_size={V}")
     inc = always_include if isinstance(always_include, torch.Tensor) else list(always_include)
-    forced = _as_int_tensor(inc, "always_include").view(-1).unique()  # sorted, deduplicated
+    forced = int_tensor(inc, "always_include").view(-1).unique()  # sorted, deduplicated
     if forced.numel() and (int(forced[0]) < 0 or int(forced[-1]) >= V):
         bad = int(forced[0]) if int(forced[0]) < 0 else int(forced[-1])
         raise AnchorspecError(f"always_include id {bad} outside the vocabulary 0..{V - 1}")
@@ -91,24 +83,6 @@ def select_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, always_inclu
     return torch.sort(torch.cat([forced, rest])).values
 
 
-def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d2t, t2d) for a draft vocabulary: d2t[i] = used[i] - i (int64), t2d[v] = v in used (bool, len vocab_size)."""
-    V = int(vocab_size)
-    used = _as_int_tensor(draft_ids, "draft_ids")
-    if used.dim() != 1 or used.numel() == 0:
-        raise AnchorspecError(f"draft_ids must be a non-empty 1-D tensor, got shape {tuple(used.shape)}")
-    used = torch.sort(used).values
-    if used.unique().numel() != used.numel():
-        raise AnchorspecError(f"draft_ids must be unique, got {used.numel()} ids with {used.unique().numel()} distinct")
-    if int(used[0]) < 0 or int(used[-1]) >= V:
-        bad = int(used[0]) if int(used[0]) < 0 else int(used[-1])
-        raise AnchorspecError(f"draft id {bad} outside the vocabulary 0..{V - 1}")
-    d2t = used - torch.arange(used.numel(), dtype=torch.long)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[used] = True
-    return d2t, t2d
-
-
 def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
     """Share of loss-masked token occurrences whose id is in the draft vocabulary (an upper bound on acceptance)."""
     counts = torch.as_tensor(counts)
@@ -116,7 +90,7 @@ def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
         raise AnchorspecError(f"counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
     if counts.is_complex() or not bool((counts >= 0).all()):
         raise AnchorspecError("counts must be non-negative numbers")
-    ids = _as_int_tensor(draft_ids, "draft_ids").view(-1)
+    ids = int_tensor(draft_ids, "draft_ids").view(-1)
     if ids.unique().numel() != ids.numel():
         raise AnchorspecError(f"draft_ids must be unique, got {ids.numel()} ids with {ids.unique().numel()} distinct")
     V = counts.numel()
