@@ -28,9 +28,14 @@ TCMALLOC_PATTERNS = ("/usr/lib/*/libtcmalloc_minimal.so.4", "/usr/lib/*/libtcmal
 MODES = ("auto", "glibc", "keep")
 
 
+def malloc_mode(environ=None) -> str:
+    """ANCHORSPEC_MALLOC's value in `environ` (default: this process's), `auto` when unset or empty."""
+    return (os.environ if environ is None else environ).get("ANCHORSPEC_MALLOC") or "auto"
+
+
 def check_mode() -> str:
     """ANCHORSPEC_MALLOC's value, or a one-line error for an unknown one."""
-    value = os.environ.get("ANCHORSPEC_MALLOC", "auto") or "auto"
+    value = malloc_mode()
     if value not in MODES:
         from .errors import AnchorspecError
 
@@ -64,7 +69,7 @@ def preload_command(cli_args: list[str], environ: dict) -> tuple[list[str], dict
     """The command and environment that re-run `python -m anchorspec CLI_ARGS` under tcmalloc, or None
     where that does not apply (another mode, not Linux, tcmalloc missing, already preloaded, or
     already re-run once)."""
-    if environ.get("ANCHORSPEC_MALLOC", "auto") not in ("", "auto") or not sys.platform.startswith("linux"):
+    if malloc_mode(environ) != "auto" or not sys.platform.startswith("linux"):
         return None
     if environ.get("_ANCHORSPEC_PRELOADED") or "tcmalloc" in environ.get("LD_PRELOAD", ""):
         return None
@@ -89,7 +94,7 @@ def reexec_with_tcmalloc(cli_args: list[str]) -> None:
 
 def keep_freed_memory() -> bool:
     """Apply the glibc setting when ANCHORSPEC_MALLOC=keep (glibc only). True if it took effect."""
-    if os.environ.get("ANCHORSPEC_MALLOC") != "keep" or not sys.platform.startswith("linux"):
+    if malloc_mode() != "keep" or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -33,7 +33,7 @@ from torch import nn
 from anchorspec.errors import AnchorspecError
 
 from ..data.chat import DROP, KEEP
-from ..allocator import active_allocator
+from ..allocator import active_allocator, malloc_mode
 from ..atomic import atomic_write
 from ..models.drafter import Eagle3Drafter, init_drafter, load_drafter, save_drafter
 from ..models.dtype import argmax_last
@@ -565,7 +565,7 @@ class Trainer:
                                **({"revocab": self.revocab_report} if self.revocab_report else {})},
                "total_steps": self.total_steps, "warmup_steps": self.warmup, "world_size": self.dist.world,
                "micro_batches_per_epoch": self.stream.per_epoch(0), "torch_threads": torch.get_num_threads(),
-               "allocator": active_allocator(), "anchorspec_malloc": os.environ.get("ANCHORSPEC_MALLOC", "auto")}
+               "allocator": active_allocator(), "anchorspec_malloc": malloc_mode()}
         if self.cache_index is not None:
             run["feature_cache"] = {"dir": self.cfg.feature_cache, "tokens": self.cache_index["tokens"],
                                     "bytes": self.cache_index["bytes"], "shards": len(self.cache_index["shards"])}
