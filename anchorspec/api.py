@@ -153,8 +153,12 @@ class Engine:
 
 
 def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: int | None = None,
-         shape: TreeShape | None = None, fallback: bool = True) -> Engine:
+         shape: TreeShape | None = None, fallback: bool = True, pack: str | None = None,
+         compile: bool = False) -> Engine:
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
+    `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
+    oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
+    frozen graph packs the weights itself, so `pack` is off then).
     `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
     machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
     `fallback=False`: speculate at every step, even where plain decoding would be faster."""
@@ -163,7 +167,10 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     torch_dtype = resolve_target_dtype(dtype, target)
     d = load_drafter(drafter, torch_dtype) if drafter else None
     aux = d.config.eagle_aux_hidden_state_layer_ids if d is not None else None
-    engine = Engine(load_target(target, torch_dtype, aux_layer_ids=aux), d, shape, fallback)
+    loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)
+    if compile:
+        loaded.compile()
+    engine = Engine(loaded, d, shape, fallback)
     if d is not None and shape is None:
         from .decode.shape import load_profile_shape
 

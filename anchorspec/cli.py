@@ -185,7 +185,7 @@ def cmd_generate(args) -> int:
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
-                  fallback=not args.no_fallback)
+                  fallback=not args.no_fallback, compile=args.compile)
     if not args.no_spec:
         why = ""
         if shape is None and not engine.shape_source.startswith("tuned"):
@@ -629,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(g, "the `anchorspec tune` shape, else the chain the measured costs favour")
     _add_dtype(g)
     _add_threads(g)
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile the target's decode and verify steps (inductor, frozen weights): faster "
+                        "steps after tens of seconds of compiling per step shape, so for many or long prompts")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
     g.set_defaults(func=cmd_generate)
 

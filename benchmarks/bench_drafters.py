@@ -40,6 +40,7 @@ from anchorspec.api import Engine  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
+from anchorspec.models.packed import is_packed  # noqa: E402
 from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
 
 
@@ -54,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shape", default="4,4,16",
                    help="TOP_K,DEPTH,TOTAL: that tree, speculation forced on; `default`: generate's defaults (above)")
+    p.add_argument("--pack", default=None, choices=["auto", "on", "off"],
+                   help="prepack the target's weights for oneDNN (default: $ANCHORSPEC_PACK or auto)")
     p.add_argument("--plain", action="store_true", help="also run the project's plain loop (generate --no-spec)")
     p.add_argument("--temperature1", action="store_true", help="also run each drafter sampled at T=1 (tau only)")
     p.add_argument("--out", required=True)
@@ -82,13 +85,15 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     warn_if_busy(args.threads)
     dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype)
+    target = load_target(args.target, dtype, pack=args.pack)
     engine = Engine(target)
+    # the baseline is Hugging Face as users get it: stock weights, never the project's prepacked ones
+    stock = Engine(load_target(args.target, dtype, pack="off")) if is_packed(target.model) else engine
     prompts = load_prompts(args.data, args.limit)
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
     defaults = args.shape == "default"
     tree = None if defaults else TreeShape(*(int(x) for x in args.shape.split(",")))
-    methods = [Method("hf_generate", engine, "hf")] + ([Method("anchorspec_plain", engine, "plain")] if args.plain else [])
+    methods = [Method("hf_generate", stock, "hf")] + ([Method("anchorspec_plain", engine, "plain")] if args.plain else [])
     aux_layers = None
     for spec in args.drafter:
         name, _, path = spec.partition("=")
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
             if stats is not None:
                 m.stats = stats if m.stats is None else m.stats.merge(stats)
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,
-               "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+               "packed": is_packed(target.model), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                "shape": args.shape, "fallback": defaults, "methods": {}}
     for m in methods:
         if m.kind == "spec" and defaults:

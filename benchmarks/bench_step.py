@@ -13,7 +13,9 @@ Per dtype it prints:
   - end to end, greedy, `--new-tokens` from a chat prompt (padded to `--prompt-tokens`): HF
     `generate`, the project's plain loop, and with `--drafter` the speculative loop: now (measured
     shape, fallback on), without the fallback, and with the fixed 4,4,16 tree and no fallback;
-    tokens/s, same run, alternating.
+    tokens/s, same run, alternating. HF runs the stock weights; the project's target prepacks them
+    where the probe measured that faster (`--pack`). `--compile` adds the plain loop on a compiled
+    target (Target.compile), timed after the others, its first call (tracing, compiling) reported apart.
 CPU model, flags, torch version, threads and dtype are printed with the numbers.
 """
 
@@ -35,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from anchorspec.api import DEFAULT_TREE, Engine, load  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla  # noqa: E402
 from anchorspec.decode.shape import verify_cost  # noqa: E402
+from anchorspec.models.packed import is_packed  # noqa: E402
+from anchorspec.models.target import load_target  # noqa: E402
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets behind the quiet hills. "
@@ -69,7 +73,8 @@ def bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes a decode step must read: every parameter once (tied embeddings count once)."""
+    """Bytes a decode step must read: every parameter once (tied embeddings count once; pass the stock,
+    unpacked model)."""
     seen, total = set(), 0
     for p in model.parameters():
         if p.data_ptr() not in seen:
@@ -89,28 +94,28 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def step_costs(engine: Engine, context: int, sizes: list[int], repeats: int) -> dict:
+def step_costs(engine: Engine, stock, context: int, sizes: list[int], repeats: int) -> dict:
     """ms per forward of N new tokens after `context`: the project's path (decode/shape.verify_cost,
-    what the drift monitor calibrates with) and the plain HF call."""
+    what the drift monitor calibrates with) and the plain HF call on the stock model."""
     target = engine.target
     ids = torch.arange(context) % target.vocab_size
     verify, plain = verify_cost(target, context, [n for n in sizes if n > 1], repeats)
     ours = {n: (plain if n == 1 else verify[n]) * 1e3 for n in sizes}
     hf = {}
-    cache = target.new_cache()
-    target.model(input_ids=ids[None], use_cache=True, past_key_values=cache)
+    cache = stock.new_cache()
+    stock.model(input_ids=ids[None], use_cache=True, past_key_values=cache)
     for n in sizes:
         tokens = torch.arange(n) % target.vocab_size
 
         def plain_hf(tokens=tokens):
-            target.model(input_ids=tokens[None], past_key_values=cache, use_cache=True)
+            stock.model(input_ids=tokens[None], past_key_values=cache, use_cache=True)
             cache.crop(-tokens.numel())  # drop the rows just appended
 
         hf[n] = _median_ms(plain_hf, repeats)
     return {"project_ms": ours, "hf_model_ms": hf}
 
 
-def end_to_end(engine: Engine, new_tokens: int, rounds: int, drafter: bool, prompt_tokens: int) -> dict:
+def end_to_end(engine: Engine, stock, new_tokens: int, rounds: int, drafter: bool, prompt_tokens: int) -> dict:
     """tokens/s of HF generate, the plain loop and, with a drafter, the speculative loop with the
     fixed DEFAULT_TREE and no fallback, and now (the measured shape and the fallback); alternating,
     `rounds` generations each."""
@@ -123,7 +128,7 @@ def end_to_end(engine: Engine, new_tokens: int, rounds: int, drafter: bool, prom
     x = torch.tensor([ids])
 
     def hf():
-        out = engine.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+        out = stock.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
                                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=stop[0])
         return out.shape[1] - x.shape[1]
 
@@ -153,6 +158,22 @@ def end_to_end(engine: Engine, new_tokens: int, rounds: int, drafter: bool, prom
     return out
 
 
+def compiled_loop(target, engine: Engine, new_tokens: int, rounds: int) -> dict:
+    """tokens/s of the plain loop on a compiled target (Target.compile), and the first call's seconds
+    (tracing and compiling the step) kept apart from the timed rounds."""
+    ids = engine.encode(PROMPT, chat=True)
+    cfg = GenerationConfig(max_new_tokens=new_tokens)
+    t0 = time.perf_counter()
+    generate_vanilla(target, ids, cfg)
+    first = time.perf_counter() - t0
+    tokens, seconds = 0, 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        tokens += len(generate_vanilla(target, ids, cfg).token_ids)
+        seconds += time.perf_counter() - t0
+    return {"project_plain_compiled": tokens / seconds, "compile_first_call_s": first}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -165,6 +186,10 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="end-to-end generations per method")
     ap.add_argument("--prompt-tokens", type=int, default=0, help="pad the end-to-end prompt to about this many tokens")
+    ap.add_argument("--pack", default=None, choices=["auto", "on", "off"],
+                    help="prepack the project's target weights for oneDNN (default: $ANCHORSPEC_PACK or auto); "
+                         "the HF baseline always runs the stock weights")
+    ap.add_argument("--compile", action="store_true", help="also time the project's loop with the target compiled")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -174,23 +199,31 @@ def main(argv=None) -> int:
     print(f"CPU {m['cpu']} ({m['capability']}; {' '.join(m['flags'])}), torch {m['torch']}, {m['threads']} thread(s)")
     print(f"memory bandwidth (copy, read + write): {report['bandwidth_gbs']:.1f} GB/s")
     for dtype in args.dtypes.split(","):
-        engine = load(args.target, args.drafter, dtype=dtype, threads=args.threads)
-        size = weight_bytes(engine.target.model)
+        engine = load(args.target, args.drafter, dtype=dtype, threads=args.threads, pack=args.pack)
+        stock = load_target(args.target, dtype, pack="off")
+        packed = is_packed(engine.target.model)
+        size = weight_bytes(stock.model)
         floor_ms = size / (report["bandwidth_gbs"] * 1e9) * 1e3
-        costs = step_costs(engine, args.context, sizes, args.repeats)
-        e2e = end_to_end(engine, args.new_tokens, args.rounds, args.drafter is not None, args.prompt_tokens)
-        report["runs"][dtype] = {"weight_mb": size / 1e6, "floor_ms": floor_ms, **costs, "end_to_end_tok_s": e2e}
-        print(f"\n{dtype}: weights {size / 1e6:.0f} MB -> memory floor {floor_ms:.1f} ms/token "
-              f"({1e3 / floor_ms:.0f} tok/s)")
+        costs = step_costs(engine, stock, args.context, sizes, args.repeats)
+        e2e = end_to_end(engine, stock, args.new_tokens, args.rounds, args.drafter is not None, args.prompt_tokens)
+        if args.compile:
+            compiled = load_target(args.target, dtype, pack="off")
+            compiled.compile()
+            e2e.update(compiled_loop(compiled, engine, args.new_tokens, args.rounds))
+        report["runs"][dtype] = {"weight_mb": size / 1e6, "floor_ms": floor_ms, "packed": packed, **costs,
+                                 "end_to_end_tok_s": e2e}
+        print(f"\n{dtype}{' (weights prepacked)' if packed else ''}: weights {size / 1e6:.0f} MB -> memory floor "
+              f"{floor_ms:.1f} ms/token ({1e3 / floor_ms:.0f} tok/s)")
         print("| new tokens | project ms | HF model ms | project / plain step |")
         print("|---|---|---|---|")
         for n in sizes:
             ratio = costs["project_ms"][n] / costs["project_ms"][sizes[0]]
             print(f"| {n} | {costs['project_ms'][n]:.1f} | {costs['hf_model_ms'][n]:.1f} | {ratio:.2f} |")
         print(f"end to end, {e2e['prompt_tokens']}-token prompt, {args.new_tokens} new tokens, greedy: "
-              + ", ".join(f"{k} {v:.1f} tok/s" if isinstance(v, float) else f"{k} {v}" for k, v in e2e.items())
+              + ", ".join(f"{k} {v:.1f} tok/s" if isinstance(v, float) and not k.endswith("_s") else
+                          f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in e2e.items())
               + f"; project plain / HF generate = {e2e['project_plain'] / e2e['hf_generate']:.2f}x")
-        del engine
+        del engine, stock
     if args.json:  # atomic: a reader never sees half a file
         tmp = Path(args.json).with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1) + "\n")

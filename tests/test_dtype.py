@@ -11,10 +11,13 @@ from anchorspec.errors import AnchorspecError
 from anchorspec.models import dtype as dt
 
 
-def stub_probe(fp32_s: float, bf16_s: float, calls: list):
+def stub_probe(fp32_s: float, bf16_s: float, calls: list, packed_s: float | None = None):
     def probe(hidden, intermediate):
         calls.append((hidden, intermediate, torch.get_num_threads()))
-        return {"float32": {"1": fp32_s, "16": 2 * fp32_s}, "bfloat16": {"1": bf16_s, "16": 2 * bf16_s}}
+        out = {"float32": {"1": fp32_s, "16": 2 * fp32_s}, "bfloat16": {"1": bf16_s, "16": 2 * bf16_s}}
+        if packed_s is not None:
+            out["bfloat16_packed"] = {"1": packed_s, "16": 2 * packed_s}
+        return out
     return probe
 
 
@@ -97,7 +100,8 @@ def test_choice_is_announced_once(home, capsys):
 
 def test_real_probe_is_short_and_complete(one_thread):
     seconds = dt.probe_gemms(64, 256)
-    assert set(seconds) == {"float32", "bfloat16"}
+    packable = dt.packing_supported(torch.bfloat16, "cpu")
+    assert set(seconds) == {"float32", "bfloat16"} | ({"bfloat16_packed"} if packable else set())
     assert all(set(v) == {"1", "16"} and all(t > 0 for t in v.values()) for v in seconds.values())
 
 
@@ -105,7 +109,7 @@ def test_concurrent_probes_settle_on_the_first_verdict(home):
     """Two processes (DDP ranks) probing at once must compute in the same dtype: the first verdict written wins."""
     def probe_while_another_process_writes(hidden, intermediate):
         other = {"key": dt._probe_key(dt.cpu_description(), hidden, intermediate), "choice": "float32",
-                 "bf16_speedup": 0.5, "seconds": {}}
+                 "bf16_speedup": 0.5, "pack_bf16": False, "seconds": {}}
         path = dt.probe_cache_path(other["key"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(other))
@@ -123,3 +127,36 @@ def test_argmax_last_equals_argmax_with_ties_in_half_precision():
     for t in (x, x.half(), x.float(), x[0, 0]):
         assert torch.equal(argmax_last(t, chunk_rows=64), t.argmax(-1))
     assert argmax_last(x)[0, 5] == 10
+
+
+# --- prepacked weights (models/packed.py): the decision rides on the same cached probe -------------
+
+needs_onednn = pytest.mark.skipif(not dt.packing_supported(torch.bfloat16, "cpu"), reason="no oneDNN bf16 packing")
+
+
+@needs_onednn
+@pytest.mark.parametrize("packed_s, want", [(0.3, True), (0.49, False), (None, False)])
+def test_packing_follows_the_probe(home, monkeypatch, packed_s, want):
+    monkeypatch.delenv("ANCHORSPEC_PACK", raising=False)
+    probe = stub_probe(1.0, 0.5, [], packed_s)
+    assert dt.resolve_packing(None, torch.bfloat16, "cpu", (64, 128), probe) is want
+    assert dt.resolve_packing("auto", torch.float32, "cpu", (64, 128), probe) is False  # only bf16 is probed
+    assert dt.resolve_packing("off", torch.bfloat16, "cpu", (64, 128), probe) is False
+    assert dt.resolve_packing("on", torch.bfloat16, "cpu", (64, 128), probe) is True
+
+
+@needs_onednn
+def test_packed_speed_can_tip_auto_to_bf16(home):
+    """Plain bf16 loses to fp32 (0.95 of its time: within the margin), packed bf16 clearly wins."""
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), stub_probe(1.0, 0.95, [])) == torch.float32
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), stub_probe(1.0, 0.95, [], 0.6)) == torch.bfloat16
+
+
+def test_packing_never_on_cuda_or_fp64_and_env_is_checked(home, monkeypatch):
+    calls = []
+    assert dt.resolve_packing("on", torch.float64, "cpu", (64, 128), stub_probe(1.0, 0.5, calls, 0.1)) is False
+    assert dt.resolve_packing("on", torch.bfloat16, "cuda", (64, 128), stub_probe(1.0, 0.5, calls, 0.1)) is False
+    assert calls == []
+    monkeypatch.setenv("ANCHORSPEC_PACK", "sometimes")
+    with pytest.raises(AnchorspecError, match="ANCHORSPEC_PACK"):
+        dt.resolve_packing(None, torch.bfloat16, "cpu", (64, 128), stub_probe(1.0, 0.5, calls, 0.1))

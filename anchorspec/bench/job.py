@@ -17,6 +17,7 @@ from ..decode.tree import TreeShape
 from ..errors import AnchorspecError
 from ..models.drafter import load_drafter
 from ..models.hub import resolve_target
+from ..models.packed import is_packed
 from ..models.target import load_target, parse_dtype
 from .methods import PROMPT_LOOKUP_TOKENS, HFGenerate, Loop
 from .plots import plot_summary
@@ -109,14 +110,17 @@ def run_bench(spec: BenchSpec) -> dict:
     context = getattr(target.config, "max_position_embeddings", None)
     prompts = [p for w in workloads for p in load_workload(w, spec.limit, target.tokenizer, spec.data_dir, context,
                                                            spec.max_new_tokens)]
-    methods = [HFGenerate(target, stop)]
+    # the baseline is Hugging Face as users get it: stock weights, never the project's prepacked ones
+    stock = load_target(spec.target, dtype, pack="off") if is_packed(target.model) else target
+    methods = [HFGenerate(stock, stop)]
     if "hf_lookup" in spec.baselines:
-        methods.append(HFGenerate(target, stop, prompt_lookup=PROMPT_LOOKUP_TOKENS))
+        methods.append(HFGenerate(stock, stop, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     if "vanilla" in spec.baselines:
         methods.append(Loop("vanilla", target, stop))
     methods += [Loop(name, target, stop, drafter, shape, adaptive, fallback=spec.fallback)
                 for name, drafter, shape, adaptive in drafters]
-    settings = {"target": spec.target, "dtype": spec.dtype, "workloads": workloads, "limit": spec.limit,
+    settings = {"target": spec.target, "dtype": spec.dtype, "packed": is_packed(target.model),
+                "workloads": workloads, "limit": spec.limit,
                 "drafters": [[name, entry, [s.top_k, s.depth, s.total_tokens], adaptive]
                              for (name, entry), (_, _, s, adaptive) in zip(spec.drafters, drafters)]}
     records = run_benchmark(methods, prompts, target.tokenizer, temperatures=spec.temperatures,

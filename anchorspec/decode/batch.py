@@ -205,17 +205,29 @@ class ForwardCache:
     """The cache a model sees in one batched forward: HF's `past_key_values` (`update`) or the
     drafter's (`append`, one layer). Writes row b's new keys/values at its slot's rows past_b + j
     (past_b: the slot's length, plus any speculative rows an earlier drafter level wrote) and
-    returns rows [0, kv_len) of every slot."""
+    returns rows [0, kv_len) of every slot.
 
-    def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int):
+    `static_mask` (the forward's additive mask, for a compiled target): slots 0..B-1 only, writes
+    through index tensors and the key length read from the mask's last dimension, so no Python int
+    changes from step to step and one compiled graph serves every step of a shape."""
+
+    def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int,
+                 static_mask: torch.Tensor | None = None):
         self.kv, self.kv_len, self.batch = kv, kv_len, len(indices)
         self.first, self.past = indices[0], past_lens[0]
         self.consecutive = indices == list(range(self.first, self.first + len(indices)))  # views, no gather
-        if len(indices) > 1:
+        self.static_mask = static_mask
+        if static_mask is not None and not (self.consecutive and self.first == 0):
+            raise AnchorspecError("a static ForwardCache needs slots 0..B-1")
+        if len(indices) > 1 or static_mask is not None:
             device = kv.keys[0].device
             self.index = torch.tensor(indices, dtype=torch.long, device=device)
             past = torch.tensor(past_lens, dtype=torch.long, device=device)
             self.rows, self.cols = self.index[:, None], past[:, None] + torch.arange(width, device=device)
+
+    @property
+    def static(self) -> bool:  # Target.forward_rows runs a static forward through its compiled graph
+        return self.static_mask is not None
 
     # transformers' mask code asks these when it builds the causal mask itself (one row, no mask given)
     def get_query_offset(self, layer_idx: int = 0) -> int:
@@ -234,6 +246,10 @@ class ForwardCache:
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # HF Cache.update's signature (5.x passes kwargs=)
         out = []
         for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
+            if self.static_mask is not None:
+                buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)
+                out.append(buf[:self.batch, :, :self.static_mask.shape[-1]])
+                continue
             if self.batch == 1:  # narrow + copy_: in place, no index tensors
                 buf[self.first].narrow(1, self.past, new.shape[2]).copy_(new[0])
             else:
@@ -276,13 +292,16 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
     for b, tree in enumerate(trees):
         ids[b, :tree.size] = tree.tokens
         ids[b, tree.size:] = tree.tokens[0]  # any valid id: padding outputs are never read
-    if len(trees) == 1 and trees[0].is_chain:
+    # a compiled target runs decode and verify steps (not prefills) as static forwards: slots 0..B-1
+    static = target.compiled and not last_only and indices == list(range(len(indices)))
+    if len(trees) == 1 and trees[0].is_chain and not static:
         mask = None  # plain causal attention: the model's own mask (SDPA may need none at all)
     else:
         mask = additive_mask(allowed_fn(trees, past, width, kv_len).to(device), target.dtype)[:, None]
     keep = torch.cat([torch.arange(t.size - 1 if last_only else 0, t.size) + b * width for b, t in enumerate(trees)])
-    out = target.forward_rows(ids.to(device), positions_fn(trees, past, width).to(device),
-                              ForwardCache(kv, indices, past, width, kv_len), mask, keep, capture_aux)
+    cache = ForwardCache(kv, indices, past, width, kv_len, static_mask=mask if static else None)
+    out = target.forward_rows(ids.to(device), positions_fn(trees, past, width).to(device), cache, mask, keep,
+                              capture_aux)
     sizes = [1 if last_only else t.size for t in trees]
     logits = list(out.logits.split(sizes))
     aux = [out.aux[b, :t.size] for b, t in enumerate(trees)] if capture_aux else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 import time
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from ..atomic import atomic_create_text
 from ..errors import AnchorspecError
 from .hub import cache_home
+from .packed import pack_weight, packed_linear, packing_supported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 AUTO = "auto"
@@ -33,7 +35,9 @@ DTYPE_CHOICES = (AUTO, *DTYPES)  # what every --dtype accepts
 BF16_MARGIN = 0.9
 # Shapes probed when no model config is at hand: SmolLM2-135M's (hidden 576, MLP 1536).
 FALLBACK_SHAPES = (576, 1536)
-PROBE_VERSION = 2  # bump when the probe changes, so old verdicts are not reused
+PROBE_VERSION = 3  # bump when the probe changes, so old verdicts are not reused
+# prepacked bf16 weights (models/packed.py) must beat plain bf16 by this margin to be used
+PACK_MARGIN = 0.95
 
 _announced: set[str] = set()
 
@@ -70,7 +74,8 @@ def bf16_hardware(flags: list[str]) -> list[str]:
 
 
 def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -> dict[str, float]:
-    """Seconds of one [rows, hidden] x [hidden, intermediate] product in float32 and bfloat16 (the best of
+    """Seconds of one [rows, hidden] x [hidden, intermediate] product in float32, bfloat16 and, where
+    oneDNN can, bfloat16 with prepacked weights ("bfloat16_packed", models/packed.py) (the best of
     `repeats`, the two dtypes taking turns, so a neighbour's burst of work hits both alike). The weights
     cycle through enough copies (~64 MB in fp32) to spill the caches, as a real decode step streams
     every layer's weights from memory; a single cache-resident matrix would flatter fp32."""
@@ -78,29 +83,35 @@ def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -
     gen = torch.Generator().manual_seed(0)
     fp32 = [torch.randn(intermediate, hidden, generator=gen) for _ in range(copies)]
     x32 = torch.randn(rows, hidden, generator=gen)
-    cases = {"float32": (x32, fp32), "bfloat16": (x32.bfloat16(), [w.bfloat16() for w in fp32])}
+    bf16 = [w.bfloat16() for w in fp32]
+    cases = {"float32": (x32, fp32, F.linear), "bfloat16": (x32.bfloat16(), bf16, F.linear)}
+    if packing_supported(torch.bfloat16, "cpu"):
+        cases["bfloat16_packed"] = (x32.bfloat16(), [pack_weight(w, rows) for w in bf16],
+                                    lambda x, w: packed_linear(x, w, None, intermediate))
     calls = {}
-    for name, (x, weights) in cases.items():
-        for w in weights:  # warm-up: page in, let oneDNN pick its kernels
-            F.linear(x, w)
-        start = time.perf_counter()
-        F.linear(x, weights[0])
-        calls[name] = max(copies, min(2000, int(0.01 / max(time.perf_counter() - start, 1e-7))))  # ~10 ms a repeat
-    best = {name: float("inf") for name in cases}
-    for _ in range(repeats):
-        for name, (x, weights) in cases.items():
+    with torch.inference_mode():
+        for name, (x, weights, linear) in cases.items():
+            for w in weights:  # warm-up: page in, let oneDNN pick its kernels
+                linear(x, w)
             start = time.perf_counter()
-            for i in range(calls[name]):
-                F.linear(x, weights[i % copies])
-            best[name] = min(best[name], (time.perf_counter() - start) / calls[name])
+            linear(x, weights[0])
+            calls[name] = max(copies, min(2000, int(0.01 / max(time.perf_counter() - start, 1e-7))))  # ~10 ms a repeat
+        best = {name: float("inf") for name in cases}
+        for _ in range(repeats):
+            for name, (x, weights, linear) in cases.items():
+                start = time.perf_counter()
+                for i in range(calls[name]):
+                    linear(x, weights[i % copies])
+                best[name] = min(best[name], (time.perf_counter() - start) / calls[name])
     return best
 
 
 def probe_gemms(hidden: int, intermediate: int) -> dict:
-    """Seconds per GEMM in float32 and bfloat16 at a one-token decode step and a 16-token verify/prefill
-    chunk (rows 1 and 16 of the MLP's up projection), on the current torch thread count."""
+    """Seconds per GEMM in float32, bfloat16 and (where supported) packed bfloat16 at a one-token decode
+    step and a 16-token verify/prefill chunk (rows 1 and 16 of the MLP's up projection), on the
+    current torch thread count."""
     by_rows = {rows: _gemm_seconds(rows, hidden, intermediate) for rows in (1, 16)}
-    return {name: {str(rows): by_rows[rows][name] for rows in by_rows} for name in ("float32", "bfloat16")}
+    return {name: {str(rows): by_rows[rows][name] for rows in by_rows} for name in by_rows[1]}
 
 
 def _probe_key(cpu: dict, hidden: int, intermediate: int) -> dict:
@@ -120,22 +131,31 @@ def _read_verdict(path: Path, key: dict) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(record, dict) and record.get("key") == key and record.get("choice") in ("float32", "bfloat16")
+    ok = (isinstance(record, dict) and record.get("key") == key and record.get("choice") in ("float32", "bfloat16")
+          and isinstance(record.get("pack_bf16"), bool))
     return record if ok else None
 
 
-def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[str, str]:
-    """(dtype name, why) for a CPU: bf16 if the probe (cached per machine) shows it clearly faster."""
+def _verdict(seconds: dict) -> dict:
+    """The probe's timings -> the choices: bf16 when its best form clearly beats fp32; packed weights
+    when they clearly beat plain bf16."""
+    fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
+    packed = sum(seconds["bfloat16_packed"].values()) if "bfloat16_packed" in seconds else float("inf")
+    pack = packed < PACK_MARGIN * bf16
+    best_bf16 = packed if pack else bf16
+    return {"seconds": seconds, "bf16_speedup": fp32 / best_bf16, "pack_speedup": bf16 / packed, "pack_bf16": pack,
+            "choice": "bfloat16" if best_bf16 < BF16_MARGIN * fp32 else "float32"}
+
+
+def cpu_probe_record(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[dict, Path]:
+    """The probe's verdict for this machine and these shapes: read from the cache, or measured and cached."""
     cpu = cpu_description()
     key = _probe_key(cpu, hidden, intermediate)
     path = probe_cache_path(key)
     record = _read_verdict(path, key)
     if record is None:
         damaged = path.exists()
-        seconds = probe(hidden, intermediate)
-        fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
-        record = {"key": key, "seconds": seconds, "bf16_speedup": fp32 / bf16,
-                  "choice": "bfloat16" if bf16 < BF16_MARGIN * fp32 else "float32"}
+        record = {"key": key, **_verdict(probe(hidden, intermediate))}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if damaged:
@@ -145,8 +165,16 @@ def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], d
                 # the first verdict written wins, so every rank computes in the same dtype
         except OSError:
             pass  # a read-only home only costs a probe next time
+    return record, path
+
+
+def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[str, str]:
+    """(dtype name, why) for a CPU: bf16 if the probe (cached per machine) shows it clearly faster."""
+    record, path = cpu_probe_record(hidden, intermediate, probe)
+    cpu, key = cpu_description(), record["key"]
     native = bf16_hardware(cpu["flags"])
-    why = (f"bf16 GEMMs {record['bf16_speedup']:.2f}x the speed of fp32 at this model's step shapes on "
+    packed = " with prepacked weights" if record["pack_bf16"] else ""
+    why = (f"bf16 GEMMs{packed} {record['bf16_speedup']:.2f}x the speed of fp32 at this model's step shapes on "
            f"{cpu['model']} ({', '.join(native) if native else 'no native bf16'}), "
            f"{key['threads']} thread{'s' if key['threads'] != 1 else ''}; "
            f"cached in {path}")
@@ -167,6 +195,32 @@ def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None
         _announced.add(why)
         print(f"anchorspec: --dtype auto chose {choice} ({why})", file=sys.stderr)
     return DTYPES[choice]
+
+
+PACK_MODES = ("auto", "on", "off")
+
+
+def resolve_packing(mode: str | None, dtype: torch.dtype, device, shapes: tuple[int, int] | None,
+                    probe: Callable[[int, int], dict] = probe_gemms, announce: bool = True) -> bool:
+    """Whether to prepack the target's linear weights (models/packed.py). `mode` None reads
+    $ANCHORSPEC_PACK (default auto); auto packs bf16 on a CPU where the probe (cached, shared with
+    --dtype auto) measured packed GEMMs clearly faster; on packs wherever oneDNN can."""
+    mode = (mode or os.environ.get("ANCHORSPEC_PACK") or "auto").strip().lower()
+    if mode not in PACK_MODES:
+        raise AnchorspecError(f"ANCHORSPEC_PACK / pack must be one of {', '.join(PACK_MODES)}, got {mode!r}")
+    if mode == "off" or not packing_supported(dtype, device):
+        return False
+    if mode == "on":
+        return True
+    if dtype != torch.bfloat16:
+        return False  # the probe measures bf16 only
+    record, path = cpu_probe_record(*(shapes or FALLBACK_SHAPES), probe=probe)
+    why = f"prepacked bf16 GEMMs {record['pack_speedup']:.2f}x plain bf16 here; cached in {path}"
+    if announce and record["pack_bf16"] and why not in _announced:
+        _announced.add(why)
+        print(f"anchorspec: target weights prepacked for oneDNN ({why}; ANCHORSPEC_PACK=off turns it off)",
+              file=sys.stderr)
+    return record["pack_bf16"]
 
 
 def model_shapes(config) -> tuple[int, int] | None:

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from ..errors import AnchorspecError
-from .dtype import DTYPES, parse_dtype, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
+from .dtype import DTYPES, model_shapes, parse_dtype, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
+from .packed import is_packed, pack_linears
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -33,6 +34,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     if not isinstance(layers, nn.ModuleList):
         raise AnchorspecError(f"{type(model).__name__} has no `model.layers`; only decoder-only LMs are supported")
     return layers
+
+
+def _select_rows(head: nn.Module, args, kwargs):
+    """LM head pre-hook: [B, T, H] -> [1, R, H], the flat rows `head.anchorspec_rows` (b * T + t)
+    only, so padding and unwanted rows never pay for the LM head. Inactive while that is None.
+    Registered once, not per call: torch.compile does not see a hook added after it traced."""
+    rows = head.anchorspec_rows
+    if rows is None:
+        return None
+    hidden = args[0] if args else kwargs["input"]
+    picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)[None]
+    return ((picked, *args[1:]), kwargs) if args else (args, {**kwargs, "input": picked})
 
 
 @dataclass
@@ -60,6 +73,37 @@ class Target:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
+        self._compiled = None  # compile(): the inductor-compiled forward_rows body
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def compile(self, enabled: bool = True) -> None:
+        """Run decode and verify forwards (`forward_rows` with a static cache, see decode/batch.py)
+        through torch.compile: inductor with the weights frozen, so on CPU each linear layer uses
+        oneDNN's prepacked kernels (bf16 weight reads ~1.5x faster than eager's) and the small ops
+        between them fuse. Each (batch, new tokens, rows kept) shape compiles once, ~45 s for
+        SmolLM2-135M on one core (a frozen graph is not reused from inductor's disk cache, so every
+        process pays it again); the key length is dynamic. Prefills stay eager. Measured on an
+        AVX-512-bf16 EPYC, bf16, 1 thread: the plain loop 1.7x eager, against 1.4x for packing alone."""
+        if not enabled:
+            self._compiled = None
+            return
+        if is_packed(self.model):
+            raise AnchorspecError("compile needs the stock weights (load the target with pack='off'): its frozen "
+                                  "graph packs them itself")
+        import torch._dynamo
+        import torch._inductor.config
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        compiled = torch.compile(self._rows_body, dynamic=None)
+
+        def run(*args):  # freezing as a config patch: torch.compile's `options` do not reach it (torch 2.13)
+            with torch._inductor.config.patch(freezing=True):
+                return compiled(*args)
+
+        self._compiled = run
 
     @property
     def dtype(self) -> torch.dtype:
@@ -146,22 +190,38 @@ class Target:
         Returns logits [R, V] for the `keep` flat indices (b * T + t) only, so padding rows never
         pay for the LM head, and aux [B, T, n_aux * H] for every row."""
         rows = keep.to(self.embed_weight.device)
-
-        def select(_module, args, kwargs):  # [B, T, H] -> [1, R, H] just before the LM head
-            hidden = args[0] if args else kwargs["input"]
-            picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)[None]
-            return ((picked, *args[1:]), kwargs) if args else (args, {**kwargs, "input": picked})
-
-        hook = self.model.get_output_embeddings().register_forward_pre_hook(select, with_kwargs=True)
-        self._capture = capture_aux
+        self._head = self._row_selecting_head()
+        self._capture = capture_aux  # read by the aux capture hooks
         self._captured = {}
         try:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                             **{self._cache_kwarg: cache}, use_cache=True)
+            if self._compiled is not None and getattr(cache, "static", False) and attention_mask is not None:
+                torch._dynamo.maybe_mark_dynamic(attention_mask, 3)  # the key length grows every step
+                logits, aux = self._compiled(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
+            else:
+                logits, aux = self._rows_body(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
         finally:
-            self._capture = False
-            hook.remove()
-        return TargetOutput(logits=out.logits[0], aux=self._take_aux() if capture_aux else None)
+            self._capture, self._captured, self._head.anchorspec_rows = False, {}, None
+        return TargetOutput(logits=logits, aux=aux)
+
+    def _row_selecting_head(self) -> nn.Module:
+        """The LM head, with the row-selecting pre-hook registered once per module (looked up per call:
+        packing may have replaced the head since this Target was made)."""
+        head = self.model.get_output_embeddings()
+        if not hasattr(head, "anchorspec_rows"):
+            head.anchorspec_rows = None
+            head.register_forward_pre_hook(_select_rows, with_kwargs=True)
+        return head
+
+    def _rows_body(self, input_ids, position_ids, attention_mask, cache, rows, capture_aux: bool):
+        """forward_rows' computation, as one function that torch.compile can trace: the hooks it
+        passes through are registered once (dynamo does not see a hook added after it traced), and
+        `rows` reaches the LM head's hook through an attribute set here, so that dynamo sees it as
+        this call's input rather than a constant."""
+        self._head.anchorspec_rows = rows
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         **{self._cache_kwarg: cache}, use_cache=True)
+        self._head.anchorspec_rows = None
+        return out.logits[0], (self._take_aux() if capture_aux else None)
 
     def _take_aux(self) -> torch.Tensor:
         aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)
@@ -183,8 +243,11 @@ class Target:
         return TargetOutput(logits=out.logits, aux=self._take_aux())
 
 
-def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=None, attn: str = "sdpa") -> Target:
-    """Load a target by directory, alias or hub id; dtype "auto" is the fast one here (models/dtype.py)."""
+def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=None, attn: str = "sdpa",
+                pack: str | None = None) -> Target:
+    """Load a target by directory, alias or hub id; dtype "auto" is the fast one here (models/dtype.py);
+    `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the linear weights for
+    oneDNN where that was measured faster (models/packed.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = resolve_target_dtype(dtype, target) if isinstance(dtype, str) else dtype
@@ -195,4 +258,6 @@ def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=No
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AnchorspecError(f"cannot load target {target!r} from {path}: {first}") from exc
+    if resolve_packing(pack, torch_dtype, model.device, model_shapes(model.config)):
+        pack_linears(model)  # before Target registers its hooks on the LM head
     return Target(model, tokenizer, aux_layer_ids)

@@ -1,0 +1,70 @@
+"""Linear layers with their weights prepacked by oneDNN, for a CPU target in bfloat16 or float16.
+
+Eager `F.linear` in bf16 re-reads the weight in its plain layout on every call; at one or a few
+rows (a decode step, a verify) that ran at ~9 GB/s on an AVX-512-bf16 EPYC with one thread, while
+oneDNN's prepacked kernel (the one inductor's freezing pass uses) streamed the same weights at
+~12.5 GB/s: a decode step is mostly weight reads, so ~1.4x on the whole step, no compilation, for
+every shape (prefill, verify, plain step). The output is the same matmul; oneDNN may sum in another
+order, so values can differ from F.linear's in the last bit, as they do between thread counts.
+
+Whether to pack is a measured decision (models/dtype.py probes both at the model's shapes and
+caches the verdict per machine). Only the target is packed: it runs under no_grad or inference
+mode (a packed weight has no autograd), and nothing reads its Linear weights (an untied LM head
+keeps its `weight` for the drafter's head initialisation)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PACKABLE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def packing_supported(dtype: torch.dtype, device) -> bool:
+    """oneDNN can prepack linear weights of this dtype on this device."""
+    return (torch.device(device).type == "cpu" and dtype in PACKABLE_DTYPES
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def pack_weight(weight: torch.Tensor, rows_hint: int = 1) -> torch.Tensor:
+    """`weight` [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor), tuned for `rows_hint` input rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """F.linear(x, weight, bias) with the packed weight; x [..., in] -> [..., out]."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear whose weight is prepacked (see the module docstring)."""
+
+    def __init__(self, linear: nn.Linear, keep_weight: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed_weight", pack_weight(linear.weight), persistent=False)
+        self.bias = linear.bias
+        # an LM head's weight is read elsewhere (tied input embeddings, the drafter's head init)
+        self.weight = linear.weight if keep_weight else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.packed_weight, self.bias, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+
+
+def is_packed(model: nn.Module) -> bool:
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear of `model` by a PackedLinear (the output embedding keeps its weight).
+    Returns how many were packed. Call before any hook is registered on them."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) is nn.Linear]
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child, keep_weight=child is head))
+    return len(swaps)

@@ -1,0 +1,70 @@
+"""Target.compile(): decode and verify steps through torch.compile (inductor, frozen weights) stay
+lossless: greedy speculative output on the compiled target == plain greedy on the eager one, in
+float64, chains and trees, and the compiled graph really ran (a few shapes, no recompiling per step)."""
+
+import pytest
+import torch
+
+from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
+from anchorspec.decode.propose import EagleProposer
+from anchorspec.decode.tree import TreeShape
+from helpers import tiny_target
+from test_lossless import prompts, random_drafter
+
+
+@pytest.fixture(scope="module")
+def compiled_llama():
+    torch._dynamo.reset()
+    target = tiny_target("llama")
+    target.compile()
+    calls = []
+    run = target._compiled
+    target._compiled = lambda *args: calls.append(args[0].shape) or run(*args)
+    yield target, calls
+    torch._dynamo.reset()
+
+
+def test_compiled_target_decodes_losslessly(compiled_llama):
+    target, calls = compiled_llama
+    eager = tiny_target("llama")  # same seed: the same weights, never compiled
+    proposer = EagleProposer(random_drafter(target))
+    cfg = GenerationConfig(max_new_tokens=16)
+    for prompt in prompts():
+        ref = generate_vanilla(eager, prompt, cfg).token_ids
+        assert generate_vanilla(target, prompt, cfg).token_ids == ref
+        for shape in (TreeShape.chain(4), TreeShape(2, 3, 6)):
+            assert generate_speculative(target, proposer, prompt, cfg, shape).token_ids == ref, shape
+    assert {tuple(s) for s in calls} >= {(1, 1), (1, 5), (1, 6)}  # plain steps, chain and tree verifies
+
+
+def test_compiled_steps_do_not_recompile_as_the_cache_grows(compiled_llama):
+    target, _ = compiled_llama
+    from torch._dynamo.utils import counters
+
+    cfg = GenerationConfig(max_new_tokens=40)
+    generate_vanilla(target, prompts()[0], cfg)  # warm: the plain step's graph exists
+    graphs = counters["stats"]["unique_graphs"]
+    generate_vanilla(target, torch.arange(3, 26), cfg)  # another prompt length, 40 more key lengths
+    assert counters["stats"]["unique_graphs"] == graphs > 0
+
+
+def test_compile_off_restores_eager():
+    target = tiny_target("llama")
+    target.compile()
+    target.compile(False)
+    assert not target.compiled
+
+
+def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path):
+    from anchorspec.api import load
+    from anchorspec.errors import AnchorspecError
+    from anchorspec.models.packed import is_packed, pack_linears
+    from helpers import save_tiny_chat_target
+
+    path = save_tiny_chat_target(tmp_path / "t", dtype=torch.bfloat16)
+    engine = load(str(path), dtype="bfloat16", compile=True, pack="on")
+    assert engine.target.compiled and not is_packed(engine.target.model)
+    packed = tiny_target("llama", dtype=torch.bfloat16)
+    pack_linears(packed.model)
+    with pytest.raises(AnchorspecError, match="stock weights"):
+        packed.compile()

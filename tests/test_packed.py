@@ -1,0 +1,80 @@
+"""Prepacked linear weights (models/packed.py): the same matmul, every family's target still decodes
+losslessly through them, and load_target packs only when asked or measured faster."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
+from anchorspec.decode.propose import EagleProposer
+from anchorspec.decode.tree import TreeShape
+from anchorspec.models.packed import PackedLinear, pack_linears, packing_supported
+from anchorspec.models.target import Target, load_target
+from helpers import FAMILIES, OracleProposer, save_tiny_chat_target, tiny_target
+from test_lossless import prompts, random_drafter
+
+pytestmark = pytest.mark.skipif(not packing_supported(torch.bfloat16, "cpu"), reason="no oneDNN bf16 packing")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (7, 48), (2, 5, 48)])
+def test_packed_linear_is_the_same_matmul(bias, shape):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80, bias=bias).bfloat16()
+    x = torch.randn(*shape).bfloat16()
+    with torch.inference_mode():
+        want, got = F.linear(x, linear.weight, linear.bias), PackedLinear(linear)(x)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    # one bf16 rounding apart at most (oneDNN may add the products in another order)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def packed_target(family: str) -> tuple[Target, int, int]:
+    model = tiny_target(family, dtype=torch.bfloat16).model
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    return Target(model, None), linears, pack_linears(model)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_linear_is_packed_and_the_head_keeps_its_weight(family):
+    target, linears, packed = packed_target(family)
+    assert packed == linears > 0
+    assert not any(type(m) is torch.nn.Linear for m in target.model.modules())
+    head = target.model.get_output_embeddings()
+    assert isinstance(head, PackedLinear) and head.weight is not None  # the drafter's head init reads it
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_packed_target_gives_the_unpacked_logits(family):
+    plain = tiny_target(family, dtype=torch.bfloat16)
+    target = packed_target(family)[0]  # same seed: the same weights, packed
+    ids = prompts()[0]
+    with torch.inference_mode():
+        want = plain.forward(ids, torch.arange(len(ids)), plain.new_cache()).logits.float()
+        got = target.forward(ids, torch.arange(len(ids)), target.new_cache()).logits.float()
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "granite"])
+def test_packed_target_decodes_losslessly(family):
+    """Speculative output == the packed target's own plain greedy output, chains and trees, random and
+    oracle drafters (bf16: the peaked tiny models keep greedy paths far from ties)."""
+    target = packed_target(family)[0]
+    cfg = GenerationConfig(max_new_tokens=20)
+    random = EagleProposer(random_drafter(target).bfloat16())
+    for prompt in prompts():
+        ref = generate_vanilla(target, prompt, cfg).token_ids
+        for proposer in (random, OracleProposer(target)):
+            for shape in (TreeShape.chain(4), TreeShape(2, 3, 6)):
+                res = generate_speculative(target, proposer, prompt, cfg, shape)
+                assert res.token_ids == ref, (family, shape, type(proposer).__name__)
+
+
+def test_load_target_packs_when_asked(tmp_path, monkeypatch):
+    path = save_tiny_chat_target(tmp_path / "t", dtype=torch.bfloat16)
+    packed = load_target(str(path), "bfloat16", pack="on")
+    assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
+    monkeypatch.setenv("ANCHORSPEC_PACK", "off")
+    assert not any(isinstance(m, PackedLinear) for m in load_target(str(path), "bfloat16").model.modules())
+    assert not any(isinstance(m, PackedLinear) for m in load_target(str(path), "float64", pack="on").model.modules())
