@@ -41,7 +41,7 @@ from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.models.packed import is_packed  # noqa: E402
-from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
+from anchorspec.models.target import load_target, parse_dtype, stock_twin  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -87,8 +87,7 @@ def main(argv=None) -> int:
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype, pack=args.pack)
     engine = Engine(target)
-    # the baseline is Hugging Face as users get it: stock weights, never the project's prepacked ones
-    stock = Engine(load_target(args.target, dtype, pack="off")) if is_packed(target.model) else engine
+    stock = Engine(stock_twin(target, args.target, dtype))
     prompts = load_prompts(args.data, args.limit)
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
     defaults = args.shape == "default"

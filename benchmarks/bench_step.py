@@ -38,7 +38,7 @@ from anchorspec.api import DEFAULT_TREE, Engine, load  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla  # noqa: E402
 from anchorspec.decode.shape import verify_cost  # noqa: E402
 from anchorspec.models.packed import is_packed  # noqa: E402
-from anchorspec.models.target import load_target  # noqa: E402
+from anchorspec.models.target import load_target, stock_twin  # noqa: E402
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 FILLER = "The quick brown fox jumps over the lazy dog while the sun sets behind the quiet hills. "
@@ -115,14 +115,18 @@ def step_costs(engine: Engine, stock, context: int, sizes: list[int], repeats: i
     return {"project_ms": ours, "hf_model_ms": hf}
 
 
-def end_to_end(engine: Engine, stock, new_tokens: int, rounds: int, drafter: bool, prompt_tokens: int) -> dict:
-    """tokens/s of HF generate, the plain loop and, with a drafter, the speculative loop with the
-    fixed DEFAULT_TREE and no fallback, and now (the measured shape and the fallback); alternating,
-    `rounds` generations each."""
+def prompt_ids(engine: Engine, prompt_tokens: int) -> list[int]:
+    """The chat prompt every end-to-end method decodes, padded with filler to about `prompt_tokens`."""
     text = PROMPT
     while prompt_tokens and len(engine.encode(text, chat=True)) < prompt_tokens:
         text = FILLER + text  # a long context: what DynamicCache's per-step concatenation pays for
-    ids = engine.encode(text, chat=True)
+    return engine.encode(text, chat=True)
+
+
+def end_to_end(engine: Engine, stock, ids: list[int], new_tokens: int, rounds: int, drafter: bool) -> dict:
+    """tokens/s of HF generate, the plain loop and, with a drafter, the speculative loop with the
+    fixed DEFAULT_TREE and no fallback, and now (the measured shape and the fallback); alternating,
+    `rounds` generations each."""
     stop = engine.stop_token_ids()
     cfg = GenerationConfig(max_new_tokens=new_tokens)  # no stop tokens: every method makes new_tokens
     x = torch.tensor([ids])
@@ -158,10 +162,9 @@ def end_to_end(engine: Engine, stock, new_tokens: int, rounds: int, drafter: boo
     return out
 
 
-def compiled_loop(target, engine: Engine, new_tokens: int, rounds: int) -> dict:
+def compiled_loop(target, ids: list[int], new_tokens: int, rounds: int) -> dict:
     """tokens/s of the plain loop on a compiled target (Target.compile), and the first call's seconds
     (tracing and compiling the step) kept apart from the timed rounds."""
-    ids = engine.encode(PROMPT, chat=True)
     cfg = GenerationConfig(max_new_tokens=new_tokens)
     t0 = time.perf_counter()
     generate_vanilla(target, ids, cfg)
@@ -200,16 +203,17 @@ def main(argv=None) -> int:
     print(f"memory bandwidth (copy, read + write): {report['bandwidth_gbs']:.1f} GB/s")
     for dtype in args.dtypes.split(","):
         engine = load(args.target, args.drafter, dtype=dtype, threads=args.threads, pack=args.pack)
-        stock = load_target(args.target, dtype, pack="off")
+        stock = stock_twin(engine.target, args.target, engine.target.dtype)
         packed = is_packed(engine.target.model)
         size = weight_bytes(stock.model)
         floor_ms = size / (report["bandwidth_gbs"] * 1e9) * 1e3
         costs = step_costs(engine, stock, args.context, sizes, args.repeats)
-        e2e = end_to_end(engine, stock, args.new_tokens, args.rounds, args.drafter is not None, args.prompt_tokens)
+        ids = prompt_ids(engine, args.prompt_tokens)
+        e2e = end_to_end(engine, stock, ids, args.new_tokens, args.rounds, args.drafter is not None)
         if args.compile:
             compiled = load_target(args.target, dtype, pack="off")
             compiled.compile()
-            e2e.update(compiled_loop(compiled, engine, args.new_tokens, args.rounds))
+            e2e.update(compiled_loop(compiled, ids, args.new_tokens, args.rounds))
         report["runs"][dtype] = {"weight_mb": size / 1e6, "floor_ms": floor_ms, "packed": packed, **costs,
                                  "end_to_end_tok_s": e2e}
         print(f"\n{dtype}{' (weights prepacked)' if packed else ''}: weights {size / 1e6:.0f} MB -> memory floor "

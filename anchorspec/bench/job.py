@@ -18,7 +18,7 @@ from ..errors import AnchorspecError
 from ..models.drafter import load_drafter
 from ..models.hub import resolve_target
 from ..models.packed import is_packed
-from ..models.target import load_target, parse_dtype
+from ..models.target import load_target, parse_dtype, stock_twin
 from .methods import PROMPT_LOOKUP_TOKENS, HFGenerate, Loop
 from .plots import plot_summary
 from .report import markdown, summarize
@@ -110,8 +110,7 @@ def run_bench(spec: BenchSpec) -> dict:
     context = getattr(target.config, "max_position_embeddings", None)
     prompts = [p for w in workloads for p in load_workload(w, spec.limit, target.tokenizer, spec.data_dir, context,
                                                            spec.max_new_tokens)]
-    # the baseline is Hugging Face as users get it: stock weights, never the project's prepacked ones
-    stock = load_target(spec.target, dtype, pack="off") if is_packed(target.model) else target
+    stock = stock_twin(target, spec.target, dtype)
     methods = [HFGenerate(stock, stop)]
     if "hf_lookup" in spec.baselines:
         methods.append(HFGenerate(stock, stop, prompt_lookup=PROMPT_LOOKUP_TOKENS))

@@ -35,7 +35,7 @@ DTYPE_CHOICES = (AUTO, *DTYPES)  # what every --dtype accepts
 BF16_MARGIN = 0.9
 # Shapes probed when no model config is at hand: SmolLM2-135M's (hidden 576, MLP 1536).
 FALLBACK_SHAPES = (576, 1536)
-PROBE_VERSION = 3  # bump when the probe changes, so old verdicts are not reused
+PROBE_VERSION = 4  # bump when the probe changes, so old verdicts are not reused
 # prepacked bf16 weights (models/packed.py) must beat plain bf16 by this margin to be used
 PACK_MARGIN = 0.95
 
@@ -86,7 +86,7 @@ def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -
     bf16 = [w.bfloat16() for w in fp32]
     cases = {"float32": (x32, fp32, F.linear), "bfloat16": (x32.bfloat16(), bf16, F.linear)}
     if packing_supported(torch.bfloat16, "cpu"):
-        cases["bfloat16_packed"] = (x32.bfloat16(), [pack_weight(w, rows) for w in bf16],
+        cases["bfloat16_packed"] = (x32.bfloat16(), [pack_weight(w) for w in bf16],  # as PackedLinear packs
                                     lambda x, w: packed_linear(x, w, None, intermediate))
     calls = {}
     with torch.inference_mode():

@@ -9,8 +9,8 @@ order, so values can differ from F.linear's in the last bit, as they do between 
 
 Whether to pack is a measured decision (models/dtype.py probes both at the model's shapes and
 caches the verdict per machine). Only the target is packed: it runs under no_grad or inference
-mode (a packed weight has no autograd), and nothing reads its Linear weights (an untied LM head
-keeps its `weight` for the drafter's head initialisation)."""
+mode (a packed weight has no autograd), and nothing reads its Linear weights but the LM head's,
+which keeps its `weight` (tied input embeddings, the drafter's head initialisation)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ def packing_supported(dtype: torch.dtype, device) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def pack_weight(weight: torch.Tensor, rows_hint: int = 1) -> torch.Tensor:
-    """`weight` [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor), tuned for `rows_hint` input rows."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor), laid out for one input
+    row (a decode step; the probe in models/dtype.py times this same layout at 1 and 16 rows)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:

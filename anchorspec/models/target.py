@@ -86,7 +86,8 @@ class Target:
         between them fuse. Each (batch, new tokens, rows kept) shape compiles once, ~45 s for
         SmolLM2-135M on one core (a frozen graph is not reused from inductor's disk cache, so every
         process pays it again); the key length is dynamic. Prefills stay eager. Measured on an
-        AVX-512-bf16 EPYC, bf16, 1 thread: the plain loop 1.7x eager, against 1.4x for packing alone."""
+        AVX-512-bf16 EPYC, bf16, 1 thread: the plain loop 1.63x HF `generate`, against 1.44x for
+        packing alone (docs/results.md, "a lean step")."""
         if not enabled:
             self._compiled = None
             return
@@ -190,17 +191,17 @@ class Target:
         Returns logits [R, V] for the `keep` flat indices (b * T + t) only, so padding rows never
         pay for the LM head, and aux [B, T, n_aux * H] for every row."""
         rows = keep.to(self.embed_weight.device)
-        self._head = self._row_selecting_head()
+        head = self._row_selecting_head()
         self._capture = capture_aux  # read by the aux capture hooks
         self._captured = {}
         try:
-            if self._compiled is not None and getattr(cache, "static", False) and attention_mask is not None:
+            if self._compiled is not None and getattr(cache, "static", False):  # a static cache carries a mask
                 torch._dynamo.maybe_mark_dynamic(attention_mask, 3)  # the key length grows every step
                 logits, aux = self._compiled(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
             else:
                 logits, aux = self._rows_body(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
         finally:
-            self._capture, self._captured, self._head.anchorspec_rows = False, {}, None
+            self._capture, self._captured, head.anchorspec_rows = False, {}, None
         return TargetOutput(logits=logits, aux=aux)
 
     def _row_selecting_head(self) -> nn.Module:
@@ -217,10 +218,11 @@ class Target:
         passes through are registered once (dynamo does not see a hook added after it traced), and
         `rows` reaches the LM head's hook through an attribute set here, so that dynamo sees it as
         this call's input rather than a constant."""
-        self._head.anchorspec_rows = rows
+        head = self.model.get_output_embeddings()
+        head.anchorspec_rows = rows
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                          **{self._cache_kwarg: cache}, use_cache=True)
-        self._head.anchorspec_rows = None
+        head.anchorspec_rows = None
         return out.logits[0], (self._take_aux() if capture_aux else None)
 
     def _take_aux(self) -> torch.Tensor:
@@ -259,5 +261,11 @@ def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=No
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AnchorspecError(f"cannot load target {target!r} from {path}: {first}") from exc
     if resolve_packing(pack, torch_dtype, model.device, model_shapes(model.config)):
-        pack_linears(model)  # before Target registers its hooks on the LM head
+        pack_linears(model)
     return Target(model, tokenizer, aux_layer_ids)
+
+
+def stock_twin(target: Target, name: str, dtype: torch.dtype) -> Target:
+    """`target` itself, or, when its weights are prepacked, the same model loaded again with the stock
+    weights: a Hugging Face baseline runs transformers as users get it, never the project's packing."""
+    return load_target(name, dtype, pack="off") if is_packed(target.model) else target
