@@ -28,6 +28,7 @@ from .errors import AnchorspecError
 from .metrics import GenerationStats
 from .models.drafter import Eagle3Drafter, load_drafter
 from .models.hub import resolve_target
+from .models.packed import is_packed, pack_linears, packing_supported
 from .models.dtype import resolve_target_dtype
 from .models.target import Target, load_target
 
@@ -77,6 +78,9 @@ class Engine:
         self.monitor: StreamMonitor | None = None  # this engine's costs and acceptance, across generations
         if drafter is not None:
             attach_drafter(target, drafter)
+            weight = drafter.fc.weight
+            if is_packed(target.model) and not is_packed(drafter) and packing_supported(weight.dtype, weight.device):
+                pack_linears(drafter, keep_weights=True)  # measured with the target's verdict: same dtype, same GEMMs
             self.proposer = EagleProposer(drafter)
             self.monitor = StreamMonitor(enabled=fallback)
 
@@ -133,9 +137,13 @@ class Engine:
     def generate(self, prompt: str | list[int] | torch.Tensor, *, chat: bool = False, system: str | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, shape: TreeShape | None = None, speculative: bool = True,
-                 adaptive: bool = False, depth_control: str | None = None) -> Completion:
+                 adaptive: bool = False, depth_control: str | None = None, staged: int | None = None,
+                 prune: str | None = None) -> Completion:
         """`depth_control`: "step" or "pid" start from the shape and adapt its depth to the acceptance
-        of this generation (decode/adaptive.py); `adaptive=True` is "step"."""
+        of this generation (decode/adaptive.py); `adaptive=True` is "step". `staged=S`: the target's
+        first forward covers S draft levels, the deeper ones only once the path reaches them
+        (decode/engine.py). `prune="drift"`: stop expanding a draft branch whose drafter state has
+        drifted (decode/propose.py)."""
         if adaptive and depth_control not in (None, "step"):
             raise AnchorspecError(f"adaptive=True is depth_control='step'; it conflicts with {depth_control!r}")
         ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else prompt
@@ -143,9 +151,10 @@ class Engine:
                                seed=seed, stop_token_ids=self.stop_token_ids())
         if speculative and self.proposer is not None:
             base = shape or self.shape
+            self.proposer.prune = prune
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
                                                          depth_controller("step" if adaptive else depth_control,
-                                                                          base), self.monitor)
+                                                                          base), self.monitor, staged)
         else:
             res = generate_vanilla(self.target, ids, cfg)
         text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
@@ -164,7 +173,7 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     `fallback=False`: speculate at every step, even where plain decoding would be faster."""
     if threads:
         torch.set_num_threads(threads)  # before the dtype probe and the profile look-up: both depend on it
-    torch_dtype = resolve_target_dtype(dtype, target)
+    torch_dtype = resolve_target_dtype(dtype, target, pack=pack)  # with compile too: its frozen graph packs
     d = load_drafter(drafter, torch_dtype) if drafter else None
     aux = d.config.eagle_aux_hidden_state_layer_ids if d is not None else None
     loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)

@@ -174,8 +174,13 @@ def cmd_generate(args) -> int:
         raise AnchorspecError("--no-spec and --drafter conflict: choose one")
     if not args.no_spec and not args.drafter:
         raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
-    if (args.chain is not None or args.tree is not None or args.adaptive or args.depth_control) and args.no_spec:
-        raise AnchorspecError("--chain/--tree/--adaptive/--depth-control need a drafter; they conflict with --no-spec")
+    if (args.chain is not None or args.tree is not None or args.adaptive or args.depth_control
+            or args.staged_verify or args.prune) and args.no_spec:
+        raise AnchorspecError("--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune need a drafter; "
+                              "they conflict with --no-spec")
+    if args.staged_verify and (args.adaptive or args.depth_control):
+        raise AnchorspecError("--staged-verify conflicts with --adaptive/--depth-control: the controller would "
+                              "see each draft split in two")
     if args.adaptive and args.depth_control not in (None, "step"):
         raise AnchorspecError(f"--adaptive is --depth-control step; it conflicts with --depth-control {args.depth_control}")
     if args.system is not None and not args.chat:
@@ -203,7 +208,7 @@ def cmd_generate(args) -> int:
         res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
                               shape=shape, speculative=not args.no_spec, adaptive=args.adaptive,
-                              depth_control=args.depth_control)
+                              depth_control=args.depth_control, staged=args.staged_verify, prune=args.prune)
         total = res.stats if total is None else total.merge(res.stats)
         bar.set_postfix_str(_summary(total, speculative=not args.no_spec))
         if args.json:
@@ -623,6 +628,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--depth-control", choices=["step", "pid"],
                    help="adapt the draft depth during each generation: step (the --adaptive rule) or pid (a PID "
                         "loop on the accepted share of each draft)")
+    g.add_argument("--staged-verify", type=_count, metavar="LEVELS",
+                   help="staged verification: the target's forward covers the first LEVELS draft levels; the "
+                        "deeper ones are verified by the next forward, only when the accepted path reaches them")
+    g.add_argument("--prune", choices=["drift"],
+                   help="drift-aware drafting: stop expanding a branch once the drafter's state norm has grown "
+                        "past its context level (EAGLE-2's expansion ranks by confidence only)")
     g.add_argument("--no-fallback", action="store_true",
                    help="speculate at every step (default: plain steps while the measured break-even says "
                         "speculation does not pay, with periodic retries)")

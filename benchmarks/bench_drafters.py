@@ -59,15 +59,30 @@ def parse_args(argv=None):
                    help="prepack the target's weights for oneDNN (default: $ANCHORSPEC_PACK or auto)")
     p.add_argument("--plain", action="store_true", help="also run the project's plain loop (generate --no-spec)")
     p.add_argument("--temperature1", action="store_true", help="also run each drafter sampled at T=1 (tau only)")
+    p.add_argument("--option", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                   help="also run each drafter with these Engine.generate arguments, e.g. staged1:staged=1, "
+                        "drift:prune=drift, pid:depth_control=pid (values that look like integers are integers)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
+
+
+def parse_option(text: str) -> tuple[str, dict]:
+    name, _, pairs = text.partition(":")
+    kwargs = {}
+    for pair in filter(None, pairs.split(",")):
+        key, _, value = pair.partition("=")
+        kwargs[key] = int(value) if value.lstrip("-").isdigit() else value
+    if not name or not kwargs:
+        raise SystemExit(f"--option {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+    return name, kwargs
 
 
 class Method:
     """kind: "hf" (HF generate), "plain" (the project's loop), "spec" (the engine's drafter)."""
 
-    def __init__(self, name, engine: Engine, kind: str, temperature=0.0):
+    def __init__(self, name, engine: Engine, kind: str, temperature=0.0, options=None):
         self.name, self.engine, self.kind, self.temperature = name, engine, kind, temperature
+        self.options = options or {}  # extra Engine.generate arguments (a decoding option under test)
         self.rows = []
         self.stats: GenerationStats | None = None
 
@@ -76,7 +91,7 @@ class Method:
             tokens, dt = timed(hf_generate, self.engine, ids, max_new)
             return tokens, dt, None
         res, dt = timed(self.engine.generate, ids, max_new_tokens=max_new, temperature=self.temperature,
-                        seed=seed, speculative=self.kind == "spec")
+                        seed=seed, speculative=self.kind == "spec", **self.options)
         return res.token_ids, dt, res.stats if self.kind == "spec" else None
 
 
@@ -102,8 +117,14 @@ def main(argv=None) -> int:
             raise SystemExit(f"{name}: aux layers differ from the other drafters'; benchmark them separately")
         # its own engine: the drafter's measured shape, costs and fallback state stay its own
         methods.append(Method(name, Engine(target, d, shape=tree, fallback=defaults), "spec"))
+        for option_name, kwargs in map(parse_option, args.option):
+            methods.append(Method(f"{name}+{option_name}", Engine(target, d, shape=tree, fallback=defaults), "spec",
+                                  options=kwargs))
         if args.temperature1:
             methods.append(Method(f"{name}@T=1", Engine(target, d, shape=tree, fallback=defaults), "spec", 1.0))
+            for option_name, kwargs in map(parse_option, args.option):
+                methods.append(Method(f"{name}+{option_name}@T=1", Engine(target, d, shape=tree, fallback=defaults),
+                                      "spec", 1.0, options=kwargs))
     for m in methods:  # warm-up
         m.run(encoded[0], 16, 0)
     bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)

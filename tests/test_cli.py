@@ -116,6 +116,13 @@ def test_shapes_print_as_the_flag_takes_them():
     (["generate", "--target", "t", "--no-spec", "--prompt", "x", "--temperature", "-1"], "--temperature must be >= 0"),
     (["generate", "--target", "t", "--no-spec", "--prompt", "x", "--dtype", "fp16"], "--dtype invalid choice"),
     (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--tree", "4,4"], "--tree expects TOP_K,DEPTH"),
+    (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--staged-verify", "0"],
+     "--staged-verify must be >= 1, got 0"),
+    (["generate", "--target", "t", "--no-spec", "--prompt", "x", "--staged-verify", "1"], "conflict with --no-spec"),
+    (["generate", "--target", "t", "--no-spec", "--prompt", "x", "--prune", "drift"], "conflict with --no-spec"),
+    (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--prune", "confidence"], "--prune invalid choice"),
+    (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--staged-verify", "1", "--depth-control",
+      "pid"], "--staged-verify conflicts with --adaptive/--depth-control"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "0"], "--max-steps must be >= 1"),
     (["bench", "--target", "t", "--out", "o", "--limit", "0"], "--limit must be >= 1"),
     (["tune", "--target", "t", "--drafter", "d", "--new-tokens", "4"], "--new-tokens must be >= 8, got 4"),
@@ -298,6 +305,11 @@ def test_generate_states_shape_and_tau(tiny, tmp_path, capsys, monkeypatch, one_
     code, out, err = run(["generate", *common, "--drafter", drafter], capsys)
     assert code == 0, err
     assert "no tuned profile for this target and drafter (dtype float32" in err, err
+    plain = [json.loads(line)["token_ids"] for line in out.splitlines()]
+    code, out, err = run(["generate", *common, "--drafter", drafter, "--tree", "2,3,6", "--no-fallback",
+                          "--staged-verify", "1", "--prune", "drift"], capsys)
+    assert code == 0, err
+    assert [json.loads(line)["token_ids"] for line in out.splitlines()] == plain
 
 
 def test_tune_and_generate_agree_on_the_profile(tiny, tmp_path, capsys, monkeypatch, one_thread):

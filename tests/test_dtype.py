@@ -152,6 +152,18 @@ def test_packed_speed_can_tip_auto_to_bf16(home):
     assert dt.resolve_dtype("auto", "cpu", (64, 256), stub_probe(1.0, 0.95, [], 0.6)) == torch.bfloat16
 
 
+@needs_onednn
+def test_auto_dtype_ignores_packing_that_is_turned_off(home, monkeypatch):
+    """Packed bf16 tips the verdict to bf16; with packing off the target runs plain bf16, which loses."""
+    probe = stub_probe(1.0, 0.95, [], 0.6)
+    monkeypatch.delenv("ANCHORSPEC_PACK", raising=False)
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), probe) == torch.bfloat16
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), probe, pack="off") == torch.float32
+    monkeypatch.setenv("ANCHORSPEC_PACK", "off")
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), probe) == torch.float32
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), probe, pack="auto") == torch.bfloat16
+
+
 def test_packing_never_on_cuda_or_fp64_and_env_is_checked(home, monkeypatch):
     calls = []
     assert dt.resolve_packing("on", torch.float64, "cpu", (64, 128), stub_probe(1.0, 0.5, calls, 0.1)) is False

@@ -78,3 +78,31 @@ def test_load_target_packs_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("ANCHORSPEC_PACK", "off")
     assert not any(isinstance(m, PackedLinear) for m in load_target(str(path), "bfloat16").model.modules())
     assert not any(isinstance(m, PackedLinear) for m in load_target(str(path), "float64", pack="on").model.modules())
+
+
+def test_engine_packs_the_drafter_of_a_packed_target_and_stays_lossless():
+    """An Engine pairs a packed target with a packed drafter (weights kept: read for the dtype and
+    saved); its drafts are the unpacked drafter's logits to a bf16 rounding, and output stays the
+    packed target's plain greedy output."""
+    from anchorspec.api import Engine
+    from anchorspec.models.drafter import checkpoint_state
+
+    target = packed_target("llama")[0]
+    drafter = random_drafter(target).bfloat16()
+    before = {k: v.clone() for k, v in checkpoint_state(drafter).items()}
+    twin = random_drafter(target).bfloat16()  # the same seed: the same weights, left unpacked
+    engine = Engine(target, drafter, shape=TreeShape(2, 3, 6), fallback=False)
+    assert isinstance(drafter.fc, PackedLinear) and drafter.fc.weight is not None
+    assert not any(type(m) is torch.nn.Linear for m in drafter.modules())
+    after = checkpoint_state(drafter)
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    aux = torch.randn(1, 6, drafter.config.target_hidden_size * 3).bfloat16()
+    tokens, pos = prompts()[0][None, :6], torch.arange(6)[None]
+    with torch.inference_mode():
+        from anchorspec.models.drafter import KVCache
+        got = drafter.step(tokens, drafter.project_features(aux), pos, KVCache()).logits
+        want = twin.step(tokens, twin.project_features(aux), pos, KVCache()).logits
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+    for prompt in prompts():
+        ref = generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=20)).token_ids
+        assert engine.generate(prompt, max_new_tokens=20).token_ids == ref

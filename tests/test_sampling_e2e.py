@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 
 import anchorspec.decode.verify as verify
 from anchorspec.api import attach_drafter
-from anchorspec.decode.engine import GenerationConfig, generate_speculative
+from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams, probs_from_logits
 from anchorspec.decode.tree import TreeShape
@@ -41,36 +41,36 @@ def setup():
 
 
 @torch.inference_mode()
-def exact_distribution(target: Target) -> torch.Tensor:
-    """P(x1..x4) by enumeration: one batched forward per depth over all prefixes."""
+def exact_distribution(target: Target, new: int = NEW) -> torch.Tensor:
+    """P(x1..x_new) by enumeration: one batched forward per depth over all prefixes."""
     joint = torch.ones([V] * 0, dtype=torch.float64)
-    for depth in range(NEW):
+    for depth in range(new):
         prefixes = list(itertools.product(range(V), repeat=depth))
         ids = torch.stack([torch.cat([PROMPT, torch.tensor(p, dtype=torch.long)]) for p in prefixes])
         probs = probs_from_logits(target.model(ids).logits[:, -1], PARAMS)  # [V**depth, V]
         joint = joint.reshape(-1, 1) * probs
-    return joint.reshape([V] * NEW)
+    return joint.reshape([V] * new)
 
 
-def run_many(target, proposer, shape, n):
-    samples = torch.zeros(n, NEW, dtype=torch.long)
+def run_many(target, proposer, shape, n, staged=None, new=NEW):
+    samples = torch.zeros(n, new, dtype=torch.long)
     steps = accepted = 0
     for i in range(n):
-        cfg = GenerationConfig(max_new_tokens=NEW, sampling=PARAMS, seed=10_000 + i)
-        res = generate_speculative(target, proposer, PROMPT, cfg, shape)
+        cfg = GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=10_000 + i)
+        res = generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged)
         samples[i] = torch.tensor(res.token_ids)
         steps, accepted = steps + res.stats.verify_steps, accepted + res.stats.accepted_tokens
     return samples, accepted / steps  # mean accepted drafts per verification
 
 
 def worst_p_value(samples: torch.Tensor, exact: torch.Tensor) -> float:
-    """Smallest chi-square p-value over positions 1..4 and the joint of positions 2-3."""
-    n = samples.shape[0]
+    """Smallest chi-square p-value over each position and the joint of positions 2-3."""
+    n, new = samples.shape
     checks = []
-    for pos in range(NEW):
-        marginal = exact.sum(dim=[d for d in range(NEW) if d != pos])
+    for pos in range(new):
+        marginal = exact.sum(dim=[d for d in range(new) if d != pos])
         checks.append((torch.bincount(samples[:, pos], minlength=V), marginal))
-    pair = exact.sum(dim=(0, 3)).reshape(-1)
+    pair = exact.sum(dim=[d for d in range(new) if d not in (1, 2)]).reshape(-1)
     checks.append((torch.bincount(samples[:, 1] * V + samples[:, 2], minlength=V * V), pair))
     worst = 1.0
     for observed, p in checks:
@@ -100,3 +100,71 @@ def test_always_accept_is_detected(setup, shape, monkeypatch):
     monkeypatch.setattr(verify, "acceptance_probability", lambda p, q: 1.0)
     samples, _ = run_many(target, proposer, shape, 800)
     assert worst_p_value(samples, exact_distribution(target)) < 1e-6
+
+
+STAGED_NEW = 5  # a held level needs room: one stage-1 level, its bonus, then at least one held draft
+
+
+def held_steps(target, proposer, shape, n):
+    """How many of n staged runs verified a held-back subtree."""
+    count = 0
+    for i in range(n):
+        cfg = GenerationConfig(max_new_tokens=STAGED_NEW, sampling=PARAMS, seed=10_000 + i)
+        dec = SpeculativeDecoding(target, proposer, PROMPT, cfg, shape, staged=1)
+        while not dec.finished:
+            count += dec.step().held
+    return count
+
+
+# a random drafter's level-2 node has drafted children in a tree only if it made the frontier: a wide tree
+STAGED_SHAPES = [TreeShape.chain(3), TreeShape(8, 3, 40)]
+
+
+@pytest.mark.parametrize("shape", STAGED_SHAPES, ids=["chain", "tree"])
+def test_staged_verification_matches_target_distribution(setup, shape):
+    """Staged at one level: level 2 is accepted from level 1's rows, and what was drafted below an
+    accepted level-2 node is verified by the next forward without new drafting."""
+    target, proposer = setup
+    assert held_steps(target, proposer, shape, 200) > 15  # the held-back path really runs
+    samples, _ = run_many(target, proposer, shape, 2500, staged=1, new=STAGED_NEW)
+    assert worst_p_value(samples, exact_distribution(target, STAGED_NEW)) > 1e-3
+
+
+@pytest.mark.parametrize("shape", STAGED_SHAPES, ids=["chain", "tree"])
+def test_staged_level_accepted_untested_is_detected(setup, shape, monkeypatch):
+    """Negative control: a level-2 node taken as the next token without the target's test (the
+    level below the forwarded rows must still be verified)."""
+    import anchorspec.decode.engine as engine
+    from anchorspec.decode.verify import Verdict
+
+    target, proposer = setup
+    verify = engine._verify
+
+    def untested(tree, logits, params, gen):
+        verdict = verify(tree, logits, params, gen)
+        end = verdict.path[-1]
+        if verdict.held is None and tree.size > logits.shape[0] and tree.depths[end] == 1 and tree.children[end]:
+            child = tree.children[end][0]
+            return Verdict(verdict.path, int(tree.tokens[child]), held=child)
+        return verdict
+
+    monkeypatch.setattr(engine, "_verify", untested)
+    samples, _ = run_many(target, proposer, shape, 800, staged=1, new=STAGED_NEW)
+    assert worst_p_value(samples, exact_distribution(target, STAGED_NEW)) < 1e-6
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(3, 3, 8)], ids=["chain", "tree"])
+def test_drift_pruned_sampling_matches_target_distribution(setup, shape, monkeypatch):
+    """Pruning shortens drafts from the drafter's own state, before the target sees them: lossless."""
+    import anchorspec.decode.propose as propose
+
+    target, proposer = setup
+    plain_drafts = sum(generate_speculative(target, proposer, PROMPT, GenerationConfig(
+        max_new_tokens=NEW, sampling=PARAMS, seed=i), shape).stats.drafted_tokens for i in range(50))
+    monkeypatch.setattr(propose, "DRIFT_RATIO", 0.9)  # this random drafter's states sit at 0.7-1.15x its context's
+    monkeypatch.setattr(proposer, "prune", "drift")
+    pruned_drafts = sum(generate_speculative(target, proposer, PROMPT, GenerationConfig(
+        max_new_tokens=NEW, sampling=PARAMS, seed=i), shape).stats.drafted_tokens for i in range(50))
+    assert pruned_drafts < 0.9 * plain_drafts  # the pruning bites
+    samples, _ = run_many(target, proposer, shape, 2500)
+    assert worst_p_value(samples, exact_distribution(target)) > 1e-3

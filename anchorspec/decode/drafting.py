@@ -66,6 +66,11 @@ class DraftPass:
 class PassOutput:
     logits: torch.Tensor  # [m, draft vocab] float32; m = 1 for a context pass (its last row), else n
     hidden: torch.Tensor  # [m, H] the fed-back hidden state of the same rows
+    state_norm: torch.Tensor  # [m] float32: L2 norm of the raw residual output h (grows as a draft drifts)
+
+
+def state_norms(h: torch.Tensor) -> torch.Tensor:
+    return h.float().norm(dim=-1)
 
 
 Program = Generator[DraftPass, PassOutput, object]
@@ -172,8 +177,8 @@ def _cache_forward(p: DraftPass) -> PassOutput:
     x = drafter.project_features(p.aux) if p.is_context else p.x_in
     out = drafter.step(p.tokens[None], x[None], p.positions[None], p.cache, mask, last_only=p.is_context)
     if p.is_context:
-        return PassOutput(out.logits[0, -1:], out.next_hidden[0, -1:])
-    return PassOutput(out.logits[0], out.next_hidden[0])
+        return PassOutput(out.logits[0, -1:], out.next_hidden[0, -1:], state_norms(out.state[0, -1:]))
+    return PassOutput(out.logits[0], out.next_hidden[0], state_norms(out.state[0]))
 
 
 def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
@@ -216,9 +221,11 @@ def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
                       for b, p in enumerate(passes)])
     normed_rows = normed.reshape(B * width, -1)[rows]
     logits = drafter.head(normed_rows)
-    fed = drafter.fed_back(h.reshape(B * width, -1)[rows], normed_rows)
+    h_rows = h.reshape(B * width, -1)[rows]
+    fed = drafter.fed_back(h_rows, normed_rows)
+    norms = state_norms(h_rows)
     counts = [1 if p.is_context else p.size for p in passes]
     for p in passes:
         if p.is_context:
             p.cache.commit(p.past, list(range(p.size)))
-    return [PassOutput(lo, hi) for lo, hi in zip(logits.split(counts), fed.split(counts))]
+    return [PassOutput(*out) for out in zip(logits.split(counts), fed.split(counts), norms.split(counts))]

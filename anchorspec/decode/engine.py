@@ -12,6 +12,14 @@ The target runs through decode/batch.py's batch_forward on a KV slot, always: a 
 a batch of one on a one-slot BatchKV of its own (its prefill too), so there is one forward, one
 commit and one cache for solo and batched decoding.
 
+Staged verification (`staged=S`): the target's forward covers the root and the first S draft
+levels only; the verifier still accepts or rejects level S+1 (its test needs only the parent's row),
+and an accepted level-(S+1) node becomes the next token, whose drafted subtree is then verified by
+the next step's forward with no new drafting. The deeper rows are computed only when the path
+reaches them, which pays where a verify costs roughly in proportion to its tokens. Lossless: every
+token is still accepted by the target's own test, and a held subtree was drafted before the target
+saw any of it, like any draft.
+
 Both loops are step-able objects (PlainDecoding, SpeculativeDecoding: one step per `step()`), so a
 server can interleave many sequences; generate_vanilla / generate_speculative just run them to the end.
 A step after the prefill is split in three so that several sequences can share one target forward
@@ -123,6 +131,7 @@ class StepReport:
     depth: int = 0  # levels of the verified draft
     draft_s: float = 0.0
     verify_s: float = 0.0  # the target forward of this step
+    held: bool = False  # the verified tree was held back from the previous step's draft (staged)
 
 
 SLOT_SLACK = 64  # rows a solo slot holds beyond prompt + budget (a verified tree's extra rows)
@@ -146,8 +155,13 @@ class SpeculativeDecoding:
     layers cannot use a slot: it keeps transformers' DynamicCache and takes plain steps only."""
 
     def __init__(self, target: Target, proposer: Proposer | None, prompt_ids, cfg: GenerationConfig,
-                 shape: TreeShape | AdaptiveDepth | None):
-        self.target, self.cfg = target, cfg
+                 shape: TreeShape | AdaptiveDepth | None, staged: int | None = None):
+        if staged is not None and staged < 1:
+            raise AnchorspecError(f"staged verification needs at least 1 level in its first stage, got {staged}")
+        if staged is not None and isinstance(shape, AdaptiveDepth):
+            raise AnchorspecError("staged verification and an adaptive depth do not combine: the controller "
+                                  "would see each draft split in two")
+        self.target, self.cfg, self.staged = target, cfg, staged
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())
         self.gen = cfg.generator()
@@ -157,7 +171,10 @@ class SpeculativeDecoding:
         self.started = False
         self.t0 = 0.0
         self.committed = 0  # rows in the target cache
-        self._pending: tuple[DraftTree, float] | None = None  # prepared, not yet finished: (rows, draft_s)
+        # prepared, not yet finished: (rows, draft_s, whether the rows were held back by a staged step)
+        self._pending: tuple[DraftTree, float, bool] | None = None
+        self._whole: DraftTree | None = None  # staged: the whole draft while its first levels are verified
+        self._held: DraftTree | None = None  # staged: the subtree the next step verifies without drafting
         # an AdaptiveDepth changes the shape from step to step; self.shape is then its base shape
         self.policy = shape if isinstance(shape, AdaptiveDepth) else None
         self.proposer, self.shape = proposer, shape.base if self.policy else shape
@@ -222,11 +239,11 @@ class SpeculativeDecoding:
         if self._pending is not None:
             raise AnchorspecError("a prepared step is pending: call finish() first")
 
-    def _begin(self, draft_tree: DraftTree, t: float) -> DraftTree:
-        self._pending = (draft_tree, time.perf_counter() - t)
+    def _begin(self, draft_tree: DraftTree, t: float, held: bool = False) -> DraftTree:
+        self._pending = (draft_tree, time.perf_counter() - t, held)
         return draft_tree
 
-    def _take_pending(self) -> tuple[DraftTree, float]:
+    def _take_pending(self) -> tuple[DraftTree, float, bool]:
         if self._pending is None:
             raise AnchorspecError("finish() without prepare()")
         pending, self._pending = self._pending, None
@@ -257,6 +274,9 @@ class SpeculativeDecoding:
         if not self.started:
             raise AnchorspecError("prefill first: the first step() runs the prompt")
         t = time.perf_counter()
+        held, self._held = self._held, None
+        if held is not None and speculate:  # the rest of a staged draft, within the token budget
+            return self._begin(held.levels(self.out.remaining - 1)[0], t, held=True)
         shape = self.policy.shape() if self.policy else self.shape
         # never draft deeper than the tokens still allowed (the bonus token takes one)
         step_shape = shape.capped(self.out.remaining - 1) if speculate and self.proposer is not None else None
@@ -270,6 +290,8 @@ class SpeculativeDecoding:
             self.proposer.update(self.sequence, self.aux)
             self.aux = None
             tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
+        if self.staged is not None and tree.depth > self.staged and tree.depth_ordered:
+            self._whole, tree = tree, tree.levels(self.staged)[0]
         return self._begin(tree, t)
 
     def result(self) -> GenerationResult:
@@ -293,9 +315,11 @@ class SpeculativeDecoding:
             t = time.perf_counter()
             report = self.step(state.speculating)
             step_s = time.perf_counter() - t
-            # after a prefill or plain stretch the drafter first reads those positions' features
-            fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
-                                  report.draft_s, catch_up=previous.kind != "speculative")
+            # after a prefill or plain stretch the drafter first reads those positions' features;
+            # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft
+            if not report.held:
+                fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
+                                      report.draft_s, catch_up=previous.kind != "speculative")
             fallback.record(state, report.kind, report.accepted, len(report.tokens))
             previous = report
         self.stats.fallback_switches = state.switches
@@ -305,12 +329,19 @@ class SpeculativeDecoding:
     def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
         """`logits` [N, V] and `aux` [N, n_aux * H] (None without a proposer): the target on the
         prepared tree's N nodes."""
-        tree, draft_s = self._take_pending()
+        tree, draft_s, held = self._take_pending()
         stats = self.stats
         if self.proposer is not None:  # plain decoding has no draft and no verification to time
             stats.draft_s += draft_s
             stats.verify_s += verify_s
-        verdict = _verify(tree, logits, self.cfg.sampling, self.gen)
+        whole, self._whole = self._whole, None
+        if whole is None:
+            verdict = _verify(tree, logits, self.cfg.sampling, self.gen)
+        else:  # staged: the level below the forwarded rows is verified too
+            verified, kept = whole.levels(self.staged + 1)
+            verdict = _verify(verified, logits, self.cfg.sampling, self.gen)
+            if verdict.held is not None and whole.children[kept[verdict.held]]:
+                self._held = whole.subtree(kept[verdict.held])
         self._commit(verdict.path, tree.size)
         if tree.size > 1:
             stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
@@ -326,7 +357,7 @@ class SpeculativeDecoding:
             self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
         if tree.size > 1:
             return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
-                              verify_s)
+                              verify_s, held)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _prefill(self) -> StepReport:
@@ -364,7 +395,9 @@ def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> Gener
 
 
 def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
-                         shape: TreeShape | AdaptiveDepth, fallback: StreamMonitor | None = None) -> GenerationResult:
+                         shape: TreeShape | AdaptiveDepth, fallback: StreamMonitor | None = None,
+                         staged: int | None = None) -> GenerationResult:
     """`fallback`: the stream's drift monitor (decode/fallback.py), kept across generations so that
-    its costs and acceptance accumulate; None speculates at every step."""
-    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape).run(fallback)
+    its costs and acceptance accumulate; None speculates at every step. `staged`: levels verified
+    in the first stage of a staged verification (None: the whole draft at once)."""
+    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape, staged).run(fallback)

@@ -55,6 +55,12 @@ class TreeShape:
         return TreeShape.chain(depth) if self.is_chain else TreeShape(self.top_k, depth, self.total_tokens)
 
     @property
+    def depth_ordered(self) -> bool:
+        """No node is shallower than the one before it, so the first levels are a prefix of the rows
+        (EAGLE-2 expansion and chains build trees this way)."""
+        return all(a <= b for a, b in zip(self.depths, self.depths[1:]))
+
+    @property
     def is_chain(self) -> bool:
         return self.top_k == 1
 
@@ -96,6 +102,12 @@ class DraftTree:
         return max(self.depths)
 
     @property
+    def depth_ordered(self) -> bool:
+        """No node is shallower than the one before it, so the first levels are a prefix of the rows
+        (EAGLE-2 expansion and chains build trees this way)."""
+        return all(a <= b for a, b in zip(self.depths, self.depths[1:]))
+
+    @property
     def is_chain(self) -> bool:
         """Each node's parent is the node before it: attention within the tree is plain causal."""
         return self.depths[-1] == self.size - 1
@@ -116,6 +128,29 @@ class DraftTree:
             path.append(node)
             node = self.parents[node]
         return path[::-1]
+
+    def _induced(self, nodes: list[int]) -> "DraftTree":
+        """The tree on `nodes` (ascending, closed under parents within the set, nodes[0] the new root)."""
+        index = {node: i for i, node in enumerate(nodes)}
+        parents = [-1] + [index[self.parents[node]] for node in nodes[1:]]
+        probs = None
+        if self.draft_probs is not None:
+            probs = self.draft_probs[nodes].clone()
+            probs[0] = 0  # a root is not a draft
+        return DraftTree(self.tokens[nodes].clone(), parents, probs)
+
+    def levels(self, depth: int) -> tuple["DraftTree", list[int]]:
+        """The first `depth` levels as a tree, and the node of this tree behind each of its nodes."""
+        kept = [i for i, d in enumerate(self.depths) if d <= depth]
+        return (self._induced(kept) if len(kept) < self.size else self), kept
+
+    def subtree(self, node: int) -> "DraftTree":
+        """`node` and its descendants, with `node` as the root."""
+        inside = [False] * self.size
+        inside[node] = True
+        for i in range(node + 1, self.size):  # parents precede children: one pass
+            inside[i] = inside[self.parents[i]]
+        return self._induced([i for i in range(node, self.size) if inside[i]])
 
 
 def tree_attention_mask(tree: DraftTree, past_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -147,7 +182,8 @@ def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.
     the current frontier (top-k nodes by cumulative log-prob) into k children each; all candidates
     are kept, and at the end the `total_tokens - 1` best by cumulative log-prob form the tree.
     A child's score never exceeds its parent's, and ties rank the earlier-created node (the parent)
-    first, so the selection is closed under ancestors.
+    first, so the selection is closed under ancestors. An expander prunes a node by giving its
+    children -inf: they are never kept or expanded, and expansion stops early once nothing is left.
     """
     k = shape.top_k
     tokens = [int(t) for t in first_tokens[:k]]
@@ -166,8 +202,10 @@ def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.
                 parents.append(parent)
         new = torch.tensor(scores[start:], dtype=torch.float64)
         best = torch.topk(new, min(k, new.numel())).indices.sort().values
-        frontier = [start + int(i) for i in best]
-    keep_n = min(shape.total_tokens - 1, len(tokens))
+        frontier = [start + int(i) for i in best if new[i] > float("-inf")]  # -inf: pruned by the expander
+        if not frontier:
+            break
+    keep_n = min(shape.total_tokens - 1, sum(s > float("-inf") for s in scores))
     order = torch.sort(torch.tensor(scores, dtype=torch.float64), descending=True, stable=True).indices
     kept = sorted(int(i) for i in order[:keep_n])  # creation order: parents before children
     index = {cand: node for node, cand in enumerate(kept, start=1)}

@@ -8,6 +8,11 @@
   set p(x) = 0, renormalize, try the next child; if all fail, draw from what is left of p.
 All three return the accepted root-to-node path and one token drawn from the target, so the
 output distribution is exactly the target's.
+
+The logits may cover only the first R nodes (staged verification, decode/engine.py: a depth-ordered
+tree whose deepest levels were not forwarded). A node past them can still be accepted, since its
+test needs only its parent's row; it then ends the walk as the next token (`held`), and the target
+sees it, as the root of the next step's tree, in the next forward.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .tree import DraftTree
 class Verdict:
     path: list[int]  # accepted nodes, root (0) first
     next_token: int  # from the target: correction after a rejection, bonus after a full path
+    held: int | None = None  # the accepted node past the forwarded rows whose token next_token is
 
     @property
     def accepted(self) -> int:
@@ -50,8 +56,8 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
     while True:
         want = best[node]
         child = next((c for c in tree.children[node] if tokens[c] == want), None)
-        if child is None:
-            return Verdict(path, want)
+        if child is None or child >= len(best):
+            return Verdict(path, want, held=child)
         node = child
         path.append(node)
 
@@ -66,6 +72,8 @@ def verify_chain_sampling(tree: DraftTree, target_probs: torch.Tensor, generator
         x = int(tree.tokens[child])
         p, q = target_probs[node], q_all[child].to(target_probs.dtype)
         if _uniform(generator) < acceptance_probability(p[x], q[x]):
+            if child >= target_probs.shape[0]:
+                return Verdict(path, x, held=child)
             node = child
             path.append(node)
             continue
@@ -85,6 +93,8 @@ def verify_tree_sampling(tree: DraftTree, target_probs: torch.Tensor, generator)
         for child in tree.children[node]:
             x = tokens[child]
             if _uniform(generator) < acceptance_probability(p[x] / p.sum(), torch.ones((), dtype=p.dtype)):
+                if child >= target_probs.shape[0]:
+                    return Verdict(path, x, held=child)
                 node = child
                 path.append(node)
                 break

@@ -321,6 +321,7 @@ class DraftStep:
     logits: torch.Tensor  # [B, T, Vd] float32, over the draft vocabulary
     next_hidden: torch.Tensor  # [B, T, H] what the next speculative step receives as x_in
     attn_probs: torch.Tensor | None = None  # [B, heads, T, S] when asked for: the first layer's (drift diagnostics)
+    state: torch.Tensor | None = None  # [B, T, H] the raw residual output h (its norm is the drift indicator)
 
 
 class Eagle3Drafter(nn.Module):
@@ -399,7 +400,7 @@ class Eagle3Drafter(nn.Module):
         """
         h, normed, probs = self.layer(token_ids, x_in, position_ids, cache, mask, want_attn)
         return DraftStep(logits=self.head(normed[:, -1:] if last_only else normed),
-                         next_hidden=self.fed_back(h, normed), attn_probs=probs)
+                         next_hidden=self.fed_back(h, normed), attn_probs=probs, state=h)
 
     @property
     def decoder_layers(self) -> list[DrafterLayer]:

@@ -168,29 +168,44 @@ def cpu_probe_record(hidden: int, intermediate: int, probe: Callable[[int, int],
     return record, path
 
 
-def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[str, str]:
-    """(dtype name, why) for a CPU: bf16 if the probe (cached per machine) shows it clearly faster."""
+def _choice(record: dict, packing: bool) -> tuple[str, float, bool]:
+    """(dtype name, bf16 speed over fp32, packed) from a probe record, with packing allowed or not
+    (ANCHORSPEC_PACK=off: plain bf16 must beat fp32 on its own)."""
+    if packing or not record["pack_bf16"]:  # the verdict as recorded
+        return record["choice"], record["bf16_speedup"], record["pack_bf16"]
+    seconds = record["seconds"]
+    fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
+    return ("bfloat16" if bf16 < BF16_MARGIN * fp32 else "float32"), fp32 / bf16, False
+
+
+def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms,
+                   packing: bool = True) -> tuple[str, str]:
+    """(dtype name, why) for a CPU: bf16 if the probe (cached per machine) shows it clearly faster,
+    in the form the target will run in (prepacked only if `packing`)."""
     record, path = cpu_probe_record(hidden, intermediate, probe)
     cpu, key = cpu_description(), record["key"]
     native = bf16_hardware(cpu["flags"])
-    packed = " with prepacked weights" if record["pack_bf16"] else ""
-    why = (f"bf16 GEMMs{packed} {record['bf16_speedup']:.2f}x the speed of fp32 at this model's step shapes on "
+    choice, speedup, packed = _choice(record, packing)
+    packed = " with prepacked weights" if packed else ""
+    why = (f"bf16 GEMMs{packed} {speedup:.2f}x the speed of fp32 at this model's step shapes on "
            f"{cpu['model']} ({', '.join(native) if native else 'no native bf16'}), "
            f"{key['threads']} thread{'s' if key['threads'] != 1 else ''}; "
            f"cached in {path}")
-    return record["choice"], why
+    return choice, why
 
 
 def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None = None,
-                  probe: Callable[[int, int], dict] = probe_gemms, announce: bool = True) -> torch.dtype:
+                  probe: Callable[[int, int], dict] = probe_gemms, announce: bool = True,
+                  pack: str | None = None) -> torch.dtype:
     """A --dtype value to a torch dtype. `auto`: CUDA -> bfloat16; CPU -> the probe's verdict at
-    `shapes` = (hidden size, MLP intermediate size) of the model (SmolLM2-135M's if None)."""
+    `shapes` = (hidden size, MLP intermediate size) of the model (SmolLM2-135M's if None), counting
+    prepacked weights only if packing is not off (`pack`, else $ANCHORSPEC_PACK)."""
     if name != AUTO:
         return parse_dtype(name)
     if str(device).startswith("cuda"):
         choice, why = "bfloat16", "CUDA"
     else:
-        choice, why = cpu_auto_dtype(*(shapes or FALLBACK_SHAPES), probe=probe)
+        choice, why = cpu_auto_dtype(*(shapes or FALLBACK_SHAPES), probe=probe, packing=pack_mode(pack) != "off")
     if announce and why not in _announced:
         _announced.add(why)
         print(f"anchorspec: --dtype auto chose {choice} ({why})", file=sys.stderr)
@@ -200,14 +215,20 @@ def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None
 PACK_MODES = ("auto", "on", "off")
 
 
+def pack_mode(mode: str | None) -> str:
+    """`mode`, else $ANCHORSPEC_PACK, else auto; checked."""
+    mode = (mode or os.environ.get("ANCHORSPEC_PACK") or "auto").strip().lower()
+    if mode not in PACK_MODES:
+        raise AnchorspecError(f"ANCHORSPEC_PACK / pack must be one of {', '.join(PACK_MODES)}, got {mode!r}")
+    return mode
+
+
 def resolve_packing(mode: str | None, dtype: torch.dtype, device, shapes: tuple[int, int] | None,
                     probe: Callable[[int, int], dict] = probe_gemms, announce: bool = True) -> bool:
     """Whether to prepack the target's linear weights (models/packed.py). `mode` None reads
     $ANCHORSPEC_PACK (default auto); auto packs bf16 on a CPU where the probe (cached, shared with
     --dtype auto) measured packed GEMMs clearly faster; on packs wherever oneDNN can."""
-    mode = (mode or os.environ.get("ANCHORSPEC_PACK") or "auto").strip().lower()
-    if mode not in PACK_MODES:
-        raise AnchorspecError(f"ANCHORSPEC_PACK / pack must be one of {', '.join(PACK_MODES)}, got {mode!r}")
+    mode = pack_mode(mode)
     if mode == "off" or not packing_supported(dtype, device):
         return False
     if mode == "on":
@@ -230,10 +251,10 @@ def model_shapes(config) -> tuple[int, int] | None:
     return (int(hidden), int(inter)) if hidden and inter else None
 
 
-def resolve_target_dtype(name: str, target: str, device: str = "cpu") -> torch.dtype:
+def resolve_target_dtype(name: str, target: str, device: str = "cpu", pack: str | None = None) -> torch.dtype:
     """resolve_dtype at the shapes of `target` (alias, directory or hub id); its config is read, not the weights."""
     if name != AUTO or str(device).startswith("cuda"):
-        return resolve_dtype(name, device)
+        return resolve_dtype(name, device, pack=pack)
     from transformers import AutoConfig
 
     from .hub import resolve_target
@@ -242,7 +263,7 @@ def resolve_target_dtype(name: str, target: str, device: str = "cpu") -> torch.d
         shapes = model_shapes(AutoConfig.from_pretrained(resolve_target(target)))
     except (OSError, ValueError):
         shapes = None  # the model load that follows reports the real problem
-    return resolve_dtype(name, device, shapes)
+    return resolve_dtype(name, device, shapes, pack=pack)
 
 
 def argmax_last(x: torch.Tensor, chunk_rows: int = 256) -> torch.Tensor:

@@ -8,9 +8,11 @@ every shape (prefill, verify, plain step). The output is the same matmul; oneDNN
 order, so values can differ from F.linear's in the last bit, as they do between thread counts.
 
 Whether to pack is a measured decision (models/dtype.py probes both at the model's shapes and
-caches the verdict per machine). Only the target is packed: it runs under no_grad or inference
+caches the verdict per machine). The target is packed at load: it runs under no_grad or inference
 mode (a packed weight has no autograd), and nothing reads its Linear weights but the LM head's,
-which keeps its `weight` (tied input embeddings, the drafter's head initialisation)."""
+which keeps its `weight` (tied input embeddings, the drafter's head initialisation). A drafter is
+packed when an Engine pairs it with a packed target (inference only; training never packs), keeping
+every `weight` (read for its dtype, and saved) beside the packed copy."""
 
 from __future__ import annotations
 
@@ -60,12 +62,13 @@ def is_packed(model: nn.Module) -> bool:
     return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear of `model` by a PackedLinear (the output embedding keeps its weight).
-    Returns how many were packed. Call before any hook is registered on them."""
+def pack_linears(model: nn.Module, keep_weights: bool = False) -> int:
+    """Replace every nn.Linear of `model` by a PackedLinear (the output embedding keeps its weight, and
+    every one does with `keep_weights`). Returns how many were packed. Call before any hook is
+    registered on them."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, keep_weight=child is head))
+        setattr(parent, name, PackedLinear(child, keep_weight=keep_weights or child is head))
     return len(swaps)

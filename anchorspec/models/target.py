@@ -252,7 +252,7 @@ def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=No
     oneDNN where that was measured faster (models/packed.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_target_dtype(dtype, target) if isinstance(dtype, str) else dtype
+    torch_dtype = resolve_target_dtype(dtype, target, pack=pack) if isinstance(dtype, str) else dtype
     path = resolve_target(target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
