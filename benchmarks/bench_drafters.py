@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
     defaults = args.shape == "default"
     tree = None if defaults else TreeShape(*(int(x) for x in args.shape.split(",")))
+    options = [parse_option(text) for text in args.option]  # bad text fails before any drafter loads
     methods = [Method("hf_generate", stock, "hf")] + ([Method("anchorspec_plain", engine, "plain")] if args.plain else [])
     aux_layers = None
     for spec in args.drafter:
@@ -116,15 +117,11 @@ def main(argv=None) -> int:
         if aux_layers != tuple(d.config.eagle_aux_hidden_state_layer_ids):  # one target serves them all
             raise SystemExit(f"{name}: aux layers differ from the other drafters'; benchmark them separately")
         # its own engine: the drafter's measured shape, costs and fallback state stay its own
-        methods.append(Method(name, Engine(target, d, shape=tree, fallback=defaults), "spec"))
-        for option_name, kwargs in map(parse_option, args.option):
-            methods.append(Method(f"{name}+{option_name}", Engine(target, d, shape=tree, fallback=defaults), "spec",
-                                  options=kwargs))
-        if args.temperature1:
-            methods.append(Method(f"{name}@T=1", Engine(target, d, shape=tree, fallback=defaults), "spec", 1.0))
-            for option_name, kwargs in map(parse_option, args.option):
-                methods.append(Method(f"{name}+{option_name}@T=1", Engine(target, d, shape=tree, fallback=defaults),
-                                      "spec", 1.0, options=kwargs))
+        for temperature in (0.0, 1.0) if args.temperature1 else (0.0,):
+            suffix = "@T=1" if temperature else ""
+            for label, kwargs in [(name, {})] + [(f"{name}+{o}", kw) for o, kw in options]:
+                methods.append(Method(label + suffix, Engine(target, d, shape=tree, fallback=defaults), "spec",
+                                      temperature, kwargs))
     for m in methods:  # warm-up
         m.run(encoded[0], 16, 0)
     bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)

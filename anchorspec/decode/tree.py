@@ -55,12 +55,6 @@ class TreeShape:
         return TreeShape.chain(depth) if self.is_chain else TreeShape(self.top_k, depth, self.total_tokens)
 
     @property
-    def depth_ordered(self) -> bool:
-        """No node is shallower than the one before it, so the first levels are a prefix of the rows
-        (EAGLE-2 expansion and chains build trees this way)."""
-        return all(a <= b for a, b in zip(self.depths, self.depths[1:]))
-
-    @property
     def is_chain(self) -> bool:
         return self.top_k == 1
 

@@ -136,12 +136,12 @@ def _read_verdict(path: Path, key: dict) -> dict | None:
     return record if ok else None
 
 
-def _verdict(seconds: dict) -> dict:
+def _verdict(seconds: dict, packing: bool = True) -> dict:
     """The probe's timings -> the choices: bf16 when its best form clearly beats fp32; packed weights
-    when they clearly beat plain bf16."""
+    when they clearly beat plain bf16 (and `packing` is allowed)."""
     fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
     packed = sum(seconds["bfloat16_packed"].values()) if "bfloat16_packed" in seconds else float("inf")
-    pack = packed < PACK_MARGIN * bf16
+    pack = packing and packed < PACK_MARGIN * bf16
     best_bf16 = packed if pack else bf16
     return {"seconds": seconds, "bf16_speedup": fp32 / best_bf16, "pack_speedup": bf16 / packed, "pack_bf16": pack,
             "choice": "bfloat16" if best_bf16 < BF16_MARGIN * fp32 else "float32"}
@@ -173,9 +173,8 @@ def _choice(record: dict, packing: bool) -> tuple[str, float, bool]:
     (ANCHORSPEC_PACK=off: plain bf16 must beat fp32 on its own)."""
     if packing or not record["pack_bf16"]:  # the verdict as recorded
         return record["choice"], record["bf16_speedup"], record["pack_bf16"]
-    seconds = record["seconds"]
-    fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
-    return ("bfloat16" if bf16 < BF16_MARGIN * fp32 else "float32"), fp32 / bf16, False
+    unpacked = _verdict(record["seconds"], packing=False)
+    return unpacked["choice"], unpacked["bf16_speedup"], False
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms,
