@@ -738,7 +738,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eagle3.1 adds fc_norm and norm_output (see README) (default: eagle3.1, or --init-from's)")
     t.add_argument("--ttt-steps", type=_count, default=7, help="training-time-test unroll depth K")
     t.add_argument("--draft-layers", type=_count, metavar="N",
-                   help="a new drafter's decoder layers (default: 1, or --init-from's); more than 1 exports to vLLM only")
+                   help="decoder layers (default: 1, or --init-from's); with --init-from, more layers than it has "
+                        "appends new ones that start as the identity; more than 1 exports to vLLM only")
     t.add_argument("--attn-align", type=_non_negative, default=0.0, metavar="WEIGHT",
                    help="weight of an auxiliary loss that makes the drafter's attention over the context follow the "
                         "target's (its highest aux layer, head-mean; needs online features, not --feature-cache)")

@@ -53,8 +53,18 @@ source_tree() {  # the vendored llama.cpp of this sdist version, extracted once 
     rm -rf "$WORK"; mkdir -p "$WORK"
     if [ -z "$SDIST" ]; then
       echo "downloading the llama-cpp-python $LCP_VERSION sdist" >&2
-      python3 -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$LCP_VERSION" -d "$WORK"
       SDIST=$WORK/llama_cpp_python-$LCP_VERSION.tar.gz
+      # The file itself, from PyPI's simple index (its JSON form): `pip download --no-binary :all:`
+      # would first build the sdist's build backends (hatchling, scikit-build-core...) from source.
+      python3 - "$LCP_VERSION" "$SDIST" <<'PY' || python3 -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$LCP_VERSION" -d "$WORK"
+import json, sys, urllib.request
+version, out = sys.argv[1], sys.argv[2]
+index = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
+                               headers={"Accept": "application/vnd.pypi.simple.v1+json"})  # PEP 691
+with urllib.request.urlopen(index, timeout=60) as r:
+    (url,) = [f["url"] for f in json.load(r)["files"] if f["filename"] == f"llama_cpp_python-{version}.tar.gz"]
+urllib.request.urlretrieve(url, out)
+PY
     fi
     tar -xzf "$SDIST" -C "$WORK"
     [ -f "$tree/src/models/eagle3.cpp" ] || { echo "install-peers.sh: $SDIST vendors no llama.cpp with EAGLE-3" >&2; exit 2; }

@@ -50,7 +50,8 @@ def draft_program(proposer, tokens, aux, shape, params, seed):
 
 def solo_and_batched(drafter, seqs, params, split=0):
     """Per sequence: a draft after the context less its last `split` rows, then (if split) one after
-    those rows as a second update; alone on a KVCache, and in lockstep on slots of one BatchKV.
+    those rows as a second update; alone (a batch of one on its own slot), and in lockstep on slots
+    of one shared BatchKV.
     Returns both sets of proposers, the trees of each draft, and the last Lockstep."""
     solo = [EagleProposer(drafter) for _ in seqs]
     batched = [EagleProposer(drafter) for _ in seqs]
@@ -83,8 +84,9 @@ def test_lockstep_drafting_equals_solo_drafting(variant, params):
     for i, (a, b) in enumerate(zip(solo, batched)):
         rows = a.cache.length
         assert b.cache.length == rows  # speculative rows were dropped: only the context is committed
-        torch.testing.assert_close(kv.keys[0][b.cache.index, :, :rows], a.cache.k[0], rtol=0, atol=1e-12)
-        torch.testing.assert_close(kv.values[0][b.cache.index, :, :rows], a.cache.v[0], rtol=0, atol=1e-12)
+        (solo_k,), (solo_v,) = a.cache_rows()
+        torch.testing.assert_close(kv.keys[0][b.cache.index, :, :rows], solo_k[0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(kv.values[0][b.cache.index, :, :rows], solo_v[0], rtol=0, atol=1e-12)
         torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=1e-12)
     # one drafter call per level: the update, then the deepest shape's levels (depth 5 -> 4 more)
     assert lock.levels == 1 + max(s.depth for s in SHAPES) - 1
@@ -180,3 +182,37 @@ def test_a_failing_pass_stays_with_its_sequence():
         if i != bad:
             assert b.tokens.tolist() == a.tokens.tolist() and b.parents == a.parents
     assert proposers[bad].cache.length == 0  # nothing committed for the failed pass
+
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3.1"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_proposer_equals_the_drafters_own_steps_on_a_kv_cache(variant, layers):
+    """The proposer drafts through the padded slot forward only (alone, a batch of one); the
+    reference is the drafter's own `step` on a growing KVCache (the math TTT trains): a greedy chain
+    built step by step from it has the proposer's tokens, and the tree's first level its top-k."""
+    from anchorspec.models.drafter import KVCache
+    target = tiny_target("llama")
+    drafter = init_drafter(target.config, variant, draft_vocab_size=64, seed=3, num_layers=layers).to(torch.float64)
+    attach_drafter(target, drafter)
+    n, k = 9, 4
+    tokens = torch.randint(0, VOCAB, (n + 1,), generator=torch.Generator().manual_seed(1))
+    aux = target.forward(tokens[:-1], torch.arange(n), target.new_cache(), capture_aux=True).aux
+
+    with torch.inference_mode():
+        cache = KVCache()
+        out = drafter.step(tokens[1:][None], drafter.project_features(aux)[None], torch.arange(n)[None], cache)
+        context_logits = out.logits[0, -1]
+        logits, x, chain = context_logits, out.next_hidden[0, -1:], [int(tokens[-1])]
+        for d in range(1, k + 1):
+            chain.append(int(drafter.draft_to_target[int(torch.argmax(logits))]))
+            if d < k:
+                out = drafter.step(torch.tensor([[chain[-1]]]), x[None], torch.tensor([[n + d - 1]]), cache)
+                logits, x = out.logits[0, -1], out.next_hidden[0]
+    first_level = drafter.draft_to_target[torch.topk(context_logits, 3).indices].tolist()
+
+    proposer = EagleProposer(drafter)
+    proposer.update(tokens, aux)
+    torch.testing.assert_close(proposer.logits, context_logits, rtol=0, atol=1e-12)
+    assert proposer.propose(TreeShape.chain(k), SamplingParams(), None).tokens.tolist() == chain
+    tree = proposer.propose(TreeShape(3, 3, 9), SamplingParams(), None)
+    assert [t for t, p in zip(tree.tokens.tolist(), tree.parents) if p == 0] == first_level

@@ -376,7 +376,7 @@ def test_two_layer_random_drafter_really_drafts():
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0)], ids=["greedy", "sampled"])
 def test_batched_drafting_with_every_layer_in_the_slot_equals_solo(params):
     """The drafter side of batched drafting for N layers: on slots of a BatchKV that hold every
-    layer's rows (KVCache.layer_rows), lockstep drafting gives the solo trees and rows exactly."""
+    layer's rows (EagleProposer.cache_rows), lockstep drafting gives the solo trees and rows exactly."""
     target = tiny_target("llama")
     d = random_drafter(target, 2, seed=2)
     gen = torch.Generator().manual_seed(0)
@@ -397,7 +397,7 @@ def test_batched_drafting_with_every_layer_in_the_slot_equals_solo(params):
     c = d.config
     empty = torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, dtype=torch.float64)
     for p in batched:
-        p.use_slot(kv.attach_rows(*p.cache.layer_rows(c.num_hidden_layers, empty)))
+        p.use_slot(kv.attach_rows(*p.cache_rows()))
     trees_solo = [run_program(program(p, t, a, s, i)) for i, (p, (t, a), s) in enumerate(zip(solo, seqs, shapes))]
     lock = run_lockstep([program(p, t, a, s, i) for i, (p, (t, a), s) in enumerate(zip(batched, seqs, shapes))])
     for a, b in zip(trees_solo, lock.results):
@@ -408,7 +408,7 @@ def test_batched_drafting_with_every_layer_in_the_slot_equals_solo(params):
         assert p_b.cache.length == n
         for layer in range(2):
             rows = kv.keys[layer][p_b.cache.index, :, :n]
-            torch.testing.assert_close(rows, p_solo.cache.layer(layer).k[0], atol=1e-12, rtol=0)
+            torch.testing.assert_close(rows, p_solo.cache_rows()[0][layer][0], atol=1e-12, rtol=0)
 
 
 def test_batched_slot_with_one_layer_fails_with_one_line():

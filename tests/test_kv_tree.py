@@ -99,10 +99,11 @@ def _primed_proposer():
 
 def test_drafting_leaves_drafter_cache_untouched():
     proposer = _primed_proposer()
-    k, v = proposer.cache.k.clone(), proposer.cache.v.clone()
+    k, v = (rows[0].clone() for rows in proposer.cache_rows())
     for shape in (TreeShape.chain(4), TreeShape(4, 4, 16)):
         proposer.propose(shape, SamplingParams(), None)
-        assert torch.equal(proposer.cache.k, k) and torch.equal(proposer.cache.v, v)
+        (k_after,), (v_after,) = proposer.cache_rows()
+        assert torch.equal(k_after, k) and torch.equal(v_after, v)
 
 
 def test_incremental_drafter_updates_equal_one_pass():
@@ -114,8 +115,8 @@ def test_incremental_drafter_updates_equal_one_pass():
     for end in (10, 11, 15, 19):  # prefill, then accepted chunks of 1, 4 and 4 positions
         start = steps.cache.length
         steps.update(tokens[: end + 1], aux[start:end])
-    torch.testing.assert_close(steps.cache.k, whole.cache.k)
-    torch.testing.assert_close(steps.cache.v, whole.cache.v)
+    for a, b in zip(steps.cache_rows(), whole.cache_rows()):
+        torch.testing.assert_close(a, b)
     torch.testing.assert_close(steps.logits, whole.logits)
 
 

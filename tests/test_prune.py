@@ -14,6 +14,7 @@ from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape, build_dynamic_tree
 from anchorspec.errors import AnchorspecError
+from anchorspec.models.drafter import KVCache
 from helpers import tiny_target
 from test_lossless import prompts, random_drafter
 
@@ -43,7 +44,8 @@ def test_pruned_nodes_are_neither_kept_nor_expanded():
 
 @pytest.mark.parametrize("variant", ["eagle3", "eagle3.1"])
 def test_state_norm_is_the_same_alone_and_in_a_batch(variant):
-    """The indicator of a pass is the norm of the layer's raw output, whichever cache the pass runs on."""
+    """The indicator of a pass is the norm of the layer's raw output (the drafter's own step on a
+    KVCache), alone on the proposer's own slot and on a slot of a shared BatchKV."""
     target = tiny_target("llama")
     drafter = random_drafter(target, variant)
     aux = torch.randn(5, drafter.config.target_hidden_size * 3, dtype=torch.float64)
@@ -54,7 +56,7 @@ def test_state_norm_is_the_same_alone_and_in_a_batch(variant):
     slot = kv.attach_rows(*EagleProposer(drafter).cache_rows())
     (batched,) = run_passes([DraftPass(drafter, slot, 0, tokens, torch.arange(5), aux=aux)])
     h = drafter.step(tokens[None], drafter.project_features(aux)[None], torch.arange(5)[None],
-                     EagleProposer(drafter).cache).state[0, -1]
+                     KVCache()).state[0, -1]
     assert torch.allclose(solo.state_norm, h.norm().float()[None]) and torch.allclose(batched.state_norm, solo.state_norm)
 
 

@@ -58,9 +58,35 @@ def test_init_from_keeps_the_layer_count(setup, tmp_path):  # noqa: F811
     cont = Trainer(config(setup, tmp_path / "cont", max_steps=1, init_from=str(first / "final"), variant=None,
                           draft_vocab_size=None, draft_layers=None))
     assert cont.cfg.draft_layers == 2 and len(cont.drafter.decoder_layers) == 2
-    with pytest.raises(AnchorspecError, match="2 decoder layer.*--draft-layers 3"):
+    with pytest.raises(AnchorspecError, match="2 decoder layers; --draft-layers can add layers, not remove"):
         Trainer(config(setup, tmp_path / "bad", max_steps=1, init_from=str(first / "final"), variant=None,
-                       draft_vocab_size=None, draft_layers=3))
+                       draft_vocab_size=None, draft_layers=1))
+
+
+def test_init_from_with_more_layers_grows_a_drafter_that_starts_unchanged(setup, tmp_path):  # noqa: F811
+    """--draft-layers 3 on a 1-layer drafter: the grown drafter computes exactly what the trained one
+    did (new layers start as the identity), then training moves every new layer."""
+    first = tmp_path / "first"
+    Trainer(config(setup, first, max_steps=2)).run()
+    kw = dict(init_from=str(first / "final"), variant=None, draft_vocab_size=None, draft_layers=3)
+    grown = Trainer(config(setup, tmp_path / "grown", max_steps=3, **kw))
+    assert grown.cfg.draft_layers == 3 and len(grown.drafter.decoder_layers) == 3
+    original = load_drafter(first / "final", grown.drafter.fc.weight.dtype)
+    original.bind_target_embedding(grown.target.embed_weight.detach())
+    tokens, positions = torch.tensor([[5, 9, 2, 7]]), torch.arange(4)[None]
+    x = torch.randn(1, 4, original.config.hidden_size, dtype=original.fc.weight.dtype)
+    from anchorspec.models.drafter import KVCache
+    before = original.step(tokens, x, positions, KVCache())
+    after = grown.drafter.step(tokens, x, positions, KVCache())
+    assert torch.equal(before.logits, after.logits) and torch.equal(before.next_hidden, after.next_hidden)
+    start = {k: v.clone() for k, v in grown.drafter.state_dict().items() if k.startswith("deep_layers.")}
+    grown.run()
+    trained = load_drafter(tmp_path / "grown" / "final")
+    assert trained.config.num_hidden_layers == 3
+    for i in (0, 1):  # every new layer's zero projections moved, so both its branches now contribute
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            assert start[f"deep_layers.{i}.{name}"].abs().sum() == 0
+            assert trained.deep_layers[i].state_dict()[name].abs().sum() > 0
 
 
 def test_old_run_json_without_draft_layers_resumes(setup, tmp_path):  # noqa: F811

@@ -5,13 +5,14 @@ PassOutput; the program returns its DraftTree. Who runs the passes decides batch
   - `run_lockstep(programs)` (a BatchDecoder round, decode/round.py) advances all programs
     together: the passes of all sequences at the same level become ONE padded drafter forward
     (`run_passes`) over their slots of a shared drafter BatchKV;
-  - `run_program(program)` is a lockstep of one: each pass on the sequence's own KVCache (batch 1).
+  - `run_program(program)` is a lockstep of one: each pass on the sequence's own one-slot BatchKV
+    (a batch of one through the same padded forward).
 
 Rows of a drafter cache: `committed` real rows (positions with target features), then, while a
 draft is being built, speculative rows (drafted tokens). A pass writes its n rows right after the
 `past` rows already there. A context pass (target features, `aux`) extends the committed rows; a
 draft pass (fed-back hidden states, `x_in`) writes speculative rows that the proposer drops
-when the draft is done (KVCache.crop; in a slot they are scratch past its length).
+when the draft is done (they are scratch past the slot's length).
 
 Attention of a pass: `block` [n, w] over the last w keys (the newest past rows and the n new
 ones); every earlier key is visible. None = causal (a context pass, or a chain step: one query
@@ -26,7 +27,7 @@ from typing import Generator
 import torch
 
 from ..errors import AnchorspecError
-from ..models.drafter import Eagle3Drafter, KVCache
+from ..models.drafter import Eagle3Drafter
 from ..models.masks import CAUSAL, additive_mask
 from .batch import ForwardCache, KVSlot, padded_allowed
 
@@ -36,7 +37,7 @@ WIDE = 32  # passes with more new tokens (a prompt, a long plain stretch) batch 
 @dataclass
 class DraftPass:
     drafter: Eagle3Drafter
-    cache: KVCache | KVSlot
+    cache: KVSlot
     past: int  # rows already in the cache (committed + speculative so far)
     tokens: torch.Tensor  # [n] target token ids
     positions: torch.Tensor  # [n]
@@ -129,19 +130,14 @@ def run_lockstep(programs: list[Program]) -> Lockstep:
 def run_passes(passes: list[DraftPass]) -> list[PassOutput | Exception]:
     """Run passes of different sequences; outputs in order. Passes on slots of one BatchKV with the
     same drafter share one padded forward: all passes of up to WIDE tokens, and wider ones by
-    power-of-two size class (so padding at most doubles a wide pass); KVCache passes run alone. A
-    pass that fails alone gets its exception; a failed shared forward is retried pass by pass."""
-    shared: dict[tuple[int, int, int], list[int]] = {}
-    groups: list[list[int]] = []
+    power-of-two size class (so padding at most doubles a wide pass). A pass that fails alone gets
+    its exception; a failed shared forward is retried pass by pass."""
+    groups: dict[tuple[int, int, int], list[int]] = {}
     for i, p in enumerate(passes):
-        if isinstance(p.cache, KVSlot):
-            size_class = 0 if p.size <= WIDE else p.size.bit_length()
-            shared.setdefault((id(p.drafter), id(p.cache.kv), size_class), []).append(i)
-        else:
-            groups.append([i])
-    groups += shared.values()
+        size_class = 0 if p.size <= WIDE else p.size.bit_length()
+        groups.setdefault((id(p.drafter), id(p.cache.kv), size_class), []).append(i)
     outs: list = [None] * len(passes)
-    for members in groups:
+    for members in groups.values():
         try:
             for i, out in zip(members, _forward([passes[i] for i in members])):
                 outs[i] = out
@@ -158,30 +154,6 @@ def run_passes(passes: list[DraftPass]) -> list[PassOutput | Exception]:
 
 
 def _forward(passes: list[DraftPass]) -> list[PassOutput]:
-    if isinstance(passes[0].cache, KVSlot):
-        return _slot_forward(passes)
-    (p,) = passes
-    return [_cache_forward(p)]
-
-
-def _cache_forward(p: DraftPass) -> PassOutput:
-    """Batch 1 on the sequence's own KVCache (drafter.step: also what the drift probe watches)."""
-    if p.cache.length != p.past:
-        raise AnchorspecError(f"drafter pass after {p.past} rows, but the cache holds {p.cache.length}")
-    drafter = p.drafter
-    mask = None
-    if p.block is not None:
-        n, w = p.block.shape
-        allowed = torch.cat([torch.ones(n, p.past + n - w, dtype=torch.bool), p.block], dim=1)
-        mask = additive_mask(allowed, drafter.fc.weight.dtype)[None, None]
-    x = drafter.project_features(p.aux) if p.is_context else p.x_in
-    out = drafter.step(p.tokens[None], x[None], p.positions[None], p.cache, mask, last_only=p.is_context)
-    if p.is_context:
-        return PassOutput(out.logits[0, -1:], out.next_hidden[0, -1:], state_norms(out.state[0, -1:]))
-    return PassOutput(out.logits[0], out.next_hidden[0], state_norms(out.state[0]))
-
-
-def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
     """One padded drafter forward over passes on slots of one BatchKV (the layout of decode/batch.py:
     row b's new tokens at its rows past_b + j, per-row positions, mask from the blocks)."""
     drafter = passes[0].drafter
@@ -195,33 +167,42 @@ def _slot_forward(passes: list[DraftPass]) -> list[PassOutput]:
     kv_len = max(past) + width
     kv.reserve(len(kv.slots), kv_len)
     dtype, hidden = drafter.fc.weight.dtype, drafter.config.hidden_size
-    B = len(passes)
-    ids = torch.zeros(B, width, dtype=torch.long)
-    pos = torch.tensor(past, dtype=torch.long)[:, None].repeat(1, width)
-    x = torch.zeros(B, width, hidden, dtype=dtype)
-    context = [b for b, p in enumerate(passes) if p.is_context]
-    if context:  # one fc over every context pass's features
-        projected = drafter.project_features(torch.cat([passes[b].aux for b in context])).split(
-            [passes[b].size for b in context])
-        for b, feats in zip(context, projected):
-            x[b, :feats.shape[0]] = feats
-    for b, p in enumerate(passes):
-        ids[b, :p.size], pos[b, :p.size] = p.tokens, p.positions
-        if not p.is_context:
-            x[b, :p.size] = p.x_in
+    B, device = len(passes), drafter.fc.weight.device
+    alone = passes[0] if B == 1 else None
+    if alone is not None:  # a batch of one needs no padding: its own tensors are the inputs
+        ids, pos = alone.tokens[None].to(device), alone.positions[None].to(device)
+        x = (drafter.project_features(alone.aux) if alone.is_context else alone.x_in.to(dtype))[None].to(device)
+    else:
+        ids = torch.zeros(B, width, dtype=torch.long, device=device)
+        pos = torch.tensor(past, dtype=torch.long, device=device)[:, None].repeat(1, width)
+        x = torch.zeros(B, width, hidden, dtype=dtype, device=device)
+        context = [b for b, p in enumerate(passes) if p.is_context]
+        if context:  # one fc over every context pass's features
+            projected = drafter.project_features(torch.cat([passes[b].aux for b in context])).split(
+                [passes[b].size for b in context])
+            for b, feats in zip(context, projected):
+                x[b, :feats.shape[0]] = feats
+        for b, p in enumerate(passes):
+            ids[b, :p.size], pos[b, :p.size] = p.tokens, p.positions
+            if not p.is_context:
+                x[b, :p.size] = p.x_in
     cache = ForwardCache(kv, [p.cache.index for p in passes], past, width, kv_len)
-    if B == 1 and past[0] == 0 and passes[0].block is None:
+    if alone is not None and past[0] == 0 and alone.block is None:
         mask = CAUSAL  # a first pass over a prompt: SDPA's own causal mask, no [T, T] tensor
+    elif alone is not None and width == 1 and (alone.block is None or bool(alone.block.all())):
+        mask = None  # one query that sees every key the cache returns (a chain step): no mask at all
     else:
         allowed = padded_allowed([p.allowed_block() for p in passes], past, width, kv_len)
-        mask = additive_mask(allowed, dtype)[:, None]
+        mask = additive_mask(allowed.to(device), dtype)[:, None]
     h, normed, _ = drafter.layer(ids, x, pos, cache, mask)
     # outputs only where someone reads them: a context pass's last row, every row of a draft pass
-    rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
-                      for b, p in enumerate(passes)])
-    normed_rows = normed.reshape(B * width, -1)[rows]
+    if alone is not None:
+        h_rows, normed_rows = (t[0, -1:] if alone.is_context else t[0] for t in (h, normed))
+    else:
+        rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
+                          for b, p in enumerate(passes)]).to(device)
+        h_rows, normed_rows = h.reshape(B * width, -1)[rows], normed.reshape(B * width, -1)[rows]
     logits = drafter.head(normed_rows)
-    h_rows = h.reshape(B * width, -1)[rows]
     fed = drafter.fed_back(h_rows, normed_rows)
     norms = state_norms(h_rows)
     counts = [1 if p.is_context else p.size for p in passes]

@@ -18,9 +18,9 @@ from typing import Protocol
 import torch
 
 from ..errors import AnchorspecError
-from ..models.drafter import Eagle3Drafter, KVCache
+from ..models.drafter import Eagle3Drafter
 from ..models.dtype import argmax_last
-from .batch import KVSlot
+from .batch import BatchKV, KVSlot
 from .drafting import DraftPass, Program, run_program
 from .program import run_nested
 from .sampling import SamplingParams, probs_from_logits, sample
@@ -42,6 +42,7 @@ class Proposer(Protocol):
 # node 1.25x over its context has left the states the drafter was trained on.
 DRIFT_RATIO = 1.25
 PRUNE_RULES = (None, "drift")
+OWN_CAPACITY = 256  # rows of a proposer's own drafter cache to start with (it doubles when a prompt needs more)
 
 
 class EagleProposer:
@@ -67,7 +68,9 @@ class EagleProposer:
         self._prune = rule
 
     def reset(self) -> None:
-        self.cache: KVCache | KVSlot = KVCache()  # committed rows only, between drafts
+        # Committed rows only, between drafts. Alone, a one-slot BatchKV of the proposer's own (a solo
+        # generation drafts as a batch of one, through the same padded forward as a batch round).
+        self.cache: KVSlot = self._own_slot()
         self.logits: torch.Tensor | None = None  # drafter logits after the last real position
         self.hidden: torch.Tensor | None = None  # its next_hidden: x_in for the first draft level
         self.context_norm = 0.0  # its state norm: the drift reference
@@ -81,21 +84,26 @@ class EagleProposer:
         return run_program(self.propose_passes(shape, params, generator))
 
     # --- in a batch -----------------------------------------------------------------------------
+    def _own_slot(self) -> KVSlot:
+        c, w = self.drafter.config, self.drafter.fc.weight
+        empty = [torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, dtype=w.dtype, device=w.device)]
+        self._own = BatchKV(slots=1, capacity=OWN_CAPACITY)
+        return self._own.attach_rows(empty * c.num_hidden_layers, empty * c.num_hidden_layers)
+
     def cache_rows(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The committed drafter rows as one layer's ([keys], [values]) [1, kv_heads, rows, head_dim]."""
-        if isinstance(self.cache, KVSlot):
-            raise ValueError("the drafter cache is already in a batch slot")
-        if self.cache.k is None:
-            c = self.drafter.config
-            empty = torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, dtype=self.drafter.fc.weight.dtype)
-            return [empty], [empty]
-        return [self.cache.k], [self.cache.v]
+        """The committed drafter rows, every layer's ([keys], [values]) [1, kv_heads, rows, head_dim]."""
+        if self.cache.kv is not self._own:
+            raise ValueError("the drafter cache is already in a shared batch slot")
+        n = self.cache.length
+        return ([k[:1, :, :n] for k in self._own.keys], [v[:1, :, :n] for v in self._own.values])
 
     def use_slot(self, slot: KVSlot) -> None:
-        """Continue on `slot`, which holds a copy of cache_rows() (BatchKV.attach_rows)."""
+        """Continue on `slot` of a shared BatchKV, which holds a copy of cache_rows() (BatchKV.attach_rows)."""
         if slot.length != self.cache.length:
             raise ValueError(f"slot holds {slot.length} drafter rows, the proposer has {self.cache.length}")
-        self.cache = slot
+        own, self.cache = self.cache, slot
+        if own.kv is self._own:
+            own.release()  # its buffers go with it
 
     # --- the programs ---------------------------------------------------------------------------
     def update_passes(self, tokens: torch.Tensor, aux: torch.Tensor) -> Program:

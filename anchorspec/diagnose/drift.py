@@ -22,6 +22,7 @@ from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
 from ..errors import AnchorspecError
 from ..models.drafter import Eagle3Drafter
+from ..models.masks import causal_mask
 from ..models.target import Target
 
 
@@ -34,7 +35,8 @@ class _Row:
 
 class _Probe:
     """Stands in for the drafter inside EagleProposer (every other attribute is the drafter's).
-    While `on`, each step also computes attention probabilities and its last row is recorded."""
+    While `on`, each pass through the decoder layers also computes attention probabilities (of the
+    first layer) and its last row is recorded, with the raw state h and the state fed back."""
 
     def __init__(self, drafter: Eagle3Drafter):
         self._drafter = drafter
@@ -44,18 +46,15 @@ class _Probe:
     def __getattr__(self, name):
         return getattr(self._drafter, name)
 
-    def step(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False, last_only=False):
+    def layer(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False):
         if not self.on:
-            return self._drafter.step(token_ids, x_in, position_ids, cache, mask, want_attn, last_only)
-        raw = []
-        # DraftStep carries norm(h) for 3.1; the raw h is only visible as the layer's output.
-        hook = self._drafter.midlayer.register_forward_hook(lambda _m, _args, out: raw.append(out[0]))
-        try:
-            out = self._drafter.step(token_ids, x_in, position_ids, cache, mask, want_attn=True, last_only=last_only)
-        finally:
-            hook.remove()
-        self.rows.append(_Row(out.attn_probs[0, :, -1].float(), out.next_hidden[0, -1], raw[0][0, -1]))
-        return out
+            return self._drafter.layer(token_ids, x_in, position_ids, cache, mask, want_attn)
+        if isinstance(mask, str):  # SDPA's own causal mask: the probabilities need it as a tensor
+            mask = causal_mask(token_ids.shape[1], 0, self._drafter.fc.weight.dtype, token_ids.device)
+        h, normed, probs = self._drafter.layer(token_ids, x_in, position_ids, cache, mask, want_attn=True)
+        # the proposer reads the last row of a pass: a context pass's last position, a chain step's only one
+        self.rows.append(_Row(probs[0, :, -1].float(), self._drafter.fed_back(h, normed)[0, -1], h[0, -1]))
+        return h, normed, probs
 
 
 def _rms(x: torch.Tensor) -> float:

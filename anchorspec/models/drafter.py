@@ -181,11 +181,6 @@ class KVCache:
             self._deeper.append(KVCache())
         return self._deeper[i - 1]
 
-    def layer_rows(self, num_layers: int, empty: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-layer ([keys], [values]) [B, n_kv, S, head_dim] of `num_layers` layers (`empty` for none yet)."""
-        caches = [self.layer(i) for i in range(num_layers)]
-        return ([empty if c.k is None else c.k for c in caches], [empty if c.v is None else c.v for c in caches])
-
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
@@ -588,3 +583,31 @@ def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int
                 p.zero_()
     drafter.set_vocab_mapping(torch.arange(cfg.draft_vocab_size))
     return drafter.eval()
+
+
+def deepen(drafter: Eagle3Drafter, num_layers: int, seed: int = 0, init_std: float = 0.02) -> Eagle3Drafter:
+    """`drafter` with decoder layers appended up to `num_layers`, computing exactly what it computed.
+
+    Each new layer starts as the identity: its o_proj and down_proj are zero, so both residual
+    branches add nothing, while its other weights are random (as in `init_drafter`) so that the
+    branches have gradients once the zero projections move. Training a grown drafter from a trained
+    one thus compares depth against more steps of the same drafter, not against a fresh start.
+    """
+    old = drafter.config.num_hidden_layers
+    if num_layers < old:
+        raise AnchorspecError(f"cannot deepen a drafter of {old} decoder layers to {num_layers}")
+    grown = Eagle3Drafter(DrafterConfig.from_dict({**drafter.config.to_dict(), "num_hidden_layers": num_layers}))
+    grown.to(drafter.fc.weight.dtype)
+    missing, unexpected = grown.load_state_dict(drafter.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("deep_layers.") for k in missing), (missing, unexpected)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in list(grown.deep_layers)[old - 1:]:
+            for name, p in layer.named_parameters():
+                if name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                    p.zero_()
+                elif p.dim() == 2:
+                    p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * init_std)
+    if drafter.embed_weight is not None:
+        grown.bind_target_embedding(drafter.embed_weight)
+    return grown.train(drafter.training)

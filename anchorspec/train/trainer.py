@@ -35,7 +35,7 @@ from anchorspec.errors import AnchorspecError
 from ..data.chat import DROP, KEEP
 from ..allocator import active_allocator, malloc_mode
 from ..atomic import atomic_write
-from ..models.drafter import Eagle3Drafter, init_drafter, load_drafter, save_drafter
+from ..models.drafter import Eagle3Drafter, deepen, init_drafter, load_drafter, save_drafter
 from ..models.dtype import argmax_last
 from ..models.target import Target, load_target, parse_dtype
 from ..data.corpus import is_corpus, read_corpus
@@ -373,10 +373,12 @@ class Trainer:
         if cfg.variant is not None and dc.variant != cfg.variant:
             raise AnchorspecError(f"--init-from {cfg.init_from} is an {dc.variant} drafter, not --variant {cfg.variant}")
         cfg.variant = dc.variant
-        if cfg.draft_layers not in (None, dc.num_hidden_layers):
-            raise AnchorspecError(f"--init-from {cfg.init_from} has {dc.num_hidden_layers} decoder layer(s), not "
-                                  f"--draft-layers {cfg.draft_layers} (leave the flag out)")
-        cfg.draft_layers = dc.num_hidden_layers
+        if cfg.draft_layers is not None and cfg.draft_layers < dc.num_hidden_layers:
+            raise AnchorspecError(f"--init-from {cfg.init_from} has {dc.num_hidden_layers} decoder layers; "
+                                  f"--draft-layers can add layers, not remove them (got {cfg.draft_layers})")
+        if cfg.draft_layers is not None and cfg.draft_layers > dc.num_hidden_layers:
+            drafter = deepen(drafter, cfg.draft_layers, seed=cfg.seed)  # new layers start as the identity
+        cfg.draft_layers = drafter.config.num_hidden_layers
         if cfg.draft_vocab_size not in (None, dc.draft_vocab_size):
             raise AnchorspecError(f"--init-from {cfg.init_from} has a draft vocabulary of {dc.draft_vocab_size}, "
                                   f"not --draft-vocab-size {cfg.draft_vocab_size} (leave the flag out)")
