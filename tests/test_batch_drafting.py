@@ -216,3 +216,21 @@ def test_proposer_equals_the_drafters_own_steps_on_a_kv_cache(variant, layers):
     assert proposer.propose(TreeShape.chain(k), SamplingParams(), None).tokens.tolist() == chain
     tree = proposer.propose(TreeShape(3, 3, 9), SamplingParams(), None)
     assert [t for t, p in zip(tree.tokens.tolist(), tree.parents) if p == 0] == first_level
+
+
+def test_batched_generation_with_a_two_layer_drafter_equals_plain_greedy():
+    """A multi-layer drafter's every layer moves into the shared batch slot (EagleProposer.cache_rows):
+    four sequences drafting together with a 2-layer drafter give plain greedy's tokens."""
+    target = tiny_target("llama")
+    drafter = init_drafter(target.config, "eagle3.1", draft_vocab_size=64, seed=5, num_layers=2).to(torch.float64)
+    attach_drafter(target, drafter)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 7, 5, 11)]
+    cfg = GenerationConfig(max_new_tokens=10)
+    refs = [generate_vanilla(target, p, cfg).token_ids for p in prompts]
+    decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, cfg, SHAPES[i]) for i, p in enumerate(prompts)]
+    decoder = BatchDecoder(target)
+    while not all(d.finished for d in decs):
+        result = decoder.round([(d, True) for d in decs if not d.finished])
+        assert not any(isinstance(r, BaseException) for r in result.reports), result.reports
+    assert [d.result().token_ids for d in decs] == refs
+    assert sum(d.stats.drafted_tokens for d in decs) > 0
