@@ -18,7 +18,7 @@ from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape
-from anchorspec.models.drafter import init_drafter
+from anchorspec.models.drafter import KVCache, init_drafter
 from helpers import VOCAB, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -190,7 +190,6 @@ def test_proposer_equals_the_drafters_own_steps_on_a_kv_cache(variant, layers):
     """The proposer drafts through the padded slot forward only (alone, a batch of one); the
     reference is the drafter's own `step` on a growing KVCache (the math TTT trains): a greedy chain
     built step by step from it has the proposer's tokens, and the tree's first level its top-k."""
-    from anchorspec.models.drafter import KVCache
     target = tiny_target("llama")
     drafter = init_drafter(target.config, variant, draft_vocab_size=64, seed=3, num_layers=layers).to(torch.float64)
     attach_drafter(target, drafter)

@@ -394,8 +394,6 @@ def test_batched_drafting_with_every_layer_in_the_slot_equals_solo(params):
     solo = [EagleProposer(d) for _ in seqs]
     batched = [EagleProposer(d) for _ in seqs]
     kv = BatchKV(slots=2, capacity=8)
-    c = d.config
-    empty = torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, dtype=torch.float64)
     for p in batched:
         p.use_slot(kv.attach_rows(*p.cache_rows()))
     trees_solo = [run_program(program(p, t, a, s, i)) for i, (p, (t, a), s) in enumerate(zip(solo, seqs, shapes))]

@@ -11,7 +11,7 @@ import torch
 
 from anchorspec.cli import main
 from anchorspec.errors import AnchorspecError
-from anchorspec.models.drafter import load_drafter
+from anchorspec.models.drafter import KVCache, load_drafter
 from anchorspec.train.trainer import Trainer
 from test_train import DRAFT_VOCAB, config, drafter_state, read_jsonl, setup  # noqa: F401 - fixture
 
@@ -75,7 +75,6 @@ def test_init_from_with_more_layers_grows_a_drafter_that_starts_unchanged(setup,
     original.bind_target_embedding(grown.target.embed_weight.detach())
     tokens, positions = torch.tensor([[5, 9, 2, 7]]), torch.arange(4)[None]
     x = torch.randn(1, 4, original.config.hidden_size, dtype=original.fc.weight.dtype)
-    from anchorspec.models.drafter import KVCache
     before = original.step(tokens, x, positions, KVCache())
     after = grown.drafter.step(tokens, x, positions, KVCache())
     assert torch.equal(before.logits, after.logits) and torch.equal(before.next_hidden, after.next_hidden)

@@ -92,8 +92,14 @@ class BatchKV:
         heads = c.num_attention_heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        empty = torch.zeros(1, kv_heads, 0, head_dim, dtype=target.dtype, device=target.embed_weight.device)
-        return self.attach_rows([empty] * target.num_layers, [empty] * target.num_layers)
+        return self.attach_empty(target.num_layers, kv_heads, head_dim, target.dtype, target.embed_weight.device)
+
+    @torch.inference_mode()
+    def attach_empty(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                     device: torch.device) -> KVSlot:
+        """A new slot with no rows yet, for a model of `num_layers` layers of these key/value shapes."""
+        empty = torch.zeros(1, kv_heads, 0, head_dim, dtype=dtype, device=device)
+        return self.attach_rows([empty] * num_layers, [empty] * num_layers)
 
     @torch.inference_mode()
     def attach_rows(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> KVSlot:

@@ -198,7 +198,8 @@ class SpeculativeDecoding:
         self.cache, self.batched = slot, True
 
     def slots(self) -> list[KVSlot]:
-        """The shared batch cache slots this sequence holds (to release when it ends)."""
+        """The KV slots this sequence holds, to release when it leaves a batch: the target's once it
+        joined one, and its proposer's drafter slot (shared in a batch, else the proposer's own)."""
         target = [self.cache] if self.batched else []
         proposer_cache = getattr(self.proposer, "cache", None)
         return target + ([proposer_cache] if isinstance(proposer_cache, KVSlot) else [])

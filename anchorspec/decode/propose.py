@@ -86,9 +86,8 @@ class EagleProposer:
     # --- in a batch -----------------------------------------------------------------------------
     def _own_slot(self) -> KVSlot:
         c, w = self.drafter.config, self.drafter.fc.weight
-        empty = [torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, dtype=w.dtype, device=w.device)]
         self._own = BatchKV(slots=1, capacity=OWN_CAPACITY)
-        return self._own.attach_rows(empty * c.num_hidden_layers, empty * c.num_hidden_layers)
+        return self._own.attach_empty(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, w.dtype, w.device)
 
     def cache_rows(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The committed drafter rows, every layer's ([keys], [values]) [1, kv_heads, rows, head_dim]."""
