@@ -13,7 +13,9 @@ that the measured costs and acceptance favour.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -23,6 +25,7 @@ from .decode.engine import GenerationConfig, GenerationResult, generate_speculat
 from .decode.fallback import StreamMonitor
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
+from .decode.shape import costs_path, load_costs, save_costs
 from .decode.tree import TreeShape
 from .errors import AnchorspecError
 from .metrics import GenerationStats
@@ -69,13 +72,17 @@ def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
 
 class Engine:
     def __init__(self, target: Target, drafter: Eagle3Drafter | None = None, shape: TreeShape | None = None,
-                 fallback: bool = True):
+                 fallback: bool = True, costs_file: Path | None = None):
+        """`costs_file`: where the stream monitor's costs and acceptance are kept between processes
+        (decode/shape.py: costs_path); None keeps them for this engine's life only."""
         self.target = target
         self.drafter = drafter
         self._shape = shape  # None: measured on first use (see `shape`)
         self.shape_source = "given" if shape else "measured"
         self.proposer = None
         self.monitor: StreamMonitor | None = None  # this engine's costs and acceptance, across generations
+        self.costs_file = costs_file if drafter is not None else None
+        self.costs_source = "calibrated here"  # or the file an earlier process left
         if drafter is not None:
             attach_drafter(target, drafter)
             weight = drafter.fc.weight
@@ -83,6 +90,9 @@ class Engine:
                 pack_linears(drafter, keep_weights=True)  # measured with the target's verdict: same dtype, same GEMMs
             self.proposer = EagleProposer(drafter)
             self.monitor = StreamMonitor(enabled=fallback)
+            state = load_costs(costs_file) if costs_file is not None else None
+            if state is not None and self.monitor.restore(state) and self.monitor.calibrated:
+                self.costs_source = f"learned by earlier runs ({costs_file})"
 
     @property
     def shape(self) -> TreeShape:
@@ -95,13 +105,19 @@ class Engine:
             return DEFAULT_TREE  # no drafter: nothing drafts with it
         if not self.monitor.calibrated:
             self.monitor.calibrate(self.target, self.proposer)
+            self.remember()
         self._shape, speedup = self.monitor.choose_shape()
-        self.shape_source = f"measured: expected {speedup:.2f}x plain on this machine's costs"
+        self.shape_source = f"measured: expected {speedup:.2f}x plain on this machine's costs ({self.costs_source})"
         return self._shape
 
     @shape.setter
     def shape(self, value: TreeShape) -> None:
         self._shape = value
+
+    def remember(self) -> None:
+        """Save what the monitor has learned to `costs_file` (if any), for the next process."""
+        if self.costs_file is not None and self.monitor is not None:
+            save_costs(self.costs_file, self.monitor.state())
 
     @property
     def tokenizer(self):
@@ -155,6 +171,7 @@ class Engine:
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
                                                          depth_controller("step" if adaptive else depth_control,
                                                                           base), self.monitor, staged)
+            self.remember()
         else:
             res = generate_vanilla(self.target, ids, cfg)
         text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
@@ -163,14 +180,17 @@ class Engine:
 
 def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: int | None = None,
          shape: TreeShape | None = None, fallback: bool = True, pack: str | None = None,
-         compile: bool = False) -> Engine:
+         compile: bool = False, remember: bool | None = None) -> Engine:
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
     oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
     frozen graph packs the weights itself, so `pack` is off then).
     `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
     machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
-    `fallback=False`: speculate at every step, even where plain decoding would be faster."""
+    `fallback=False`: speculate at every step, even where plain decoding would be faster.
+    `remember` (None: on unless $ANCHORSPEC_REMEMBER=off): start from the step costs and acceptance
+    that earlier runs of this target, drafter, dtype and machine measured, and add this run's to
+    them (kept under $ANCHORSPEC_HOME/costs); off: calibrate afresh and keep nothing."""
     if threads:
         torch.set_num_threads(threads)  # before the dtype probe and the profile look-up: both depend on it
     torch_dtype = resolve_target_dtype(dtype, target, pack=pack)  # with compile too: its frozen graph packs
@@ -179,7 +199,13 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)
     if compile:
         loaded.compile()
-    engine = Engine(loaded, d, shape, fallback)
+    if remember is None:
+        remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
+    costs_file = None
+    if d is not None and remember:
+        variant = "compiled" if compile else "packed" if is_packed(loaded.model) else "eager"
+        costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
+    engine = Engine(loaded, d, shape, fallback, costs_file)
     if d is not None and shape is None:
         from .decode.shape import load_profile_shape
 

@@ -259,7 +259,7 @@ def _set_threads(threads):
 
 
 def cmd_regenerate(args) -> int:
-    from .data.regenerate import read_prompt_items, regenerate, regenerate_endpoint
+    from .data.regenerate import done_ids, read_prompt_items, regenerate, regenerate_endpoint, unique_prompts
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size),
                         ("--concurrency", args.concurrency)):
@@ -280,7 +280,14 @@ def cmd_regenerate(args) -> int:
         if not is_corpus(args.skip_packed):
             raise AnchorspecError(f"--skip-packed {args.skip_packed} is not a corpus folder (no part-*.npz)")
         packed = packed_ids(args.skip_packed)
-        items = [it for it in items if it.id not in packed]
+    else:
+        packed = set()
+    items, duplicates = unique_prompts(items, packed | done_ids(Path(args.out)))
+    items = [it for it in items if it.id not in packed]
+    if duplicates:
+        print(f"anchorspec: {duplicates} prompts skipped: the same user turns as another prompt"
+              f" or an answered one (pack-corpus would drop their answers)",
+              file=sys.stderr)
     sampling = dict(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     if args.endpoint:

@@ -11,12 +11,15 @@ from anchorspec.errors import AnchorspecError
 from anchorspec.models import dtype as dt
 
 
-def stub_probe(fp32_s: float, bf16_s: float, calls: list, packed_s: float | None = None):
+def stub_probe(fp32_s: float, bf16_s: float, calls: list, packed_s: float | None = None,
+               packed32_s: float | None = None):
     def probe(hidden, intermediate):
         calls.append((hidden, intermediate, torch.get_num_threads()))
         out = {"float32": {"1": fp32_s, "16": 2 * fp32_s}, "bfloat16": {"1": bf16_s, "16": 2 * bf16_s}}
         if packed_s is not None:
             out["bfloat16_packed"] = {"1": packed_s, "16": 2 * packed_s}
+        if packed32_s is not None:
+            out["float32_packed"] = {"1": packed32_s, "16": 2 * packed32_s}
         return out
     return probe
 
@@ -100,16 +103,16 @@ def test_choice_is_announced_once(home, capsys):
 
 def test_real_probe_is_short_and_complete(one_thread):
     seconds = dt.probe_gemms(64, 256)
-    packable = dt.packing_supported(torch.bfloat16, "cpu")
-    assert set(seconds) == {"float32", "bfloat16"} | ({"bfloat16_packed"} if packable else set())
-    assert all(set(v) == {"1", "16"} and all(t > 0 for t in v.values()) for v in seconds.values())
+    packable = {f"{name}_packed" for name in ("float32", "bfloat16") if dt.packing_supported(dt.DTYPES[name], "cpu")}
+    assert set(seconds) == {"float32", "bfloat16"} | packable
+    assert all(set(v) == {"1", "2", "16"} and all(t > 0 for t in v.values()) for v in seconds.values())
 
 
 def test_concurrent_probes_settle_on_the_first_verdict(home):
     """Two processes (DDP ranks) probing at once must compute in the same dtype: the first verdict written wins."""
     def probe_while_another_process_writes(hidden, intermediate):
         other = {"key": dt._probe_key(dt.cpu_description(), hidden, intermediate), "choice": "float32",
-                 "bf16_speedup": 0.5, "pack_bf16": False, "seconds": {}}
+                 "bf16_speedup": 0.5, "pack_bf16": False, "pack_fp32": False, "seconds": {}}
         path = dt.probe_cache_path(other["key"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(other))
@@ -140,7 +143,7 @@ def test_packing_follows_the_probe(home, monkeypatch, packed_s, want):
     monkeypatch.delenv("ANCHORSPEC_PACK", raising=False)
     probe = stub_probe(1.0, 0.5, [], packed_s)
     assert dt.resolve_packing(None, torch.bfloat16, "cpu", (64, 128), probe) is want
-    assert dt.resolve_packing("auto", torch.float32, "cpu", (64, 128), probe) is False  # only bf16 is probed
+    assert dt.resolve_packing("auto", torch.float32, "cpu", (64, 128), probe) is False  # fp32 packing not measured
     assert dt.resolve_packing("off", torch.bfloat16, "cpu", (64, 128), probe) is False
     assert dt.resolve_packing("on", torch.bfloat16, "cpu", (64, 128), probe) is True
 
@@ -172,3 +175,16 @@ def test_packing_never_on_cuda_or_fp64_and_env_is_checked(home, monkeypatch):
     monkeypatch.setenv("ANCHORSPEC_PACK", "sometimes")
     with pytest.raises(AnchorspecError, match="ANCHORSPEC_PACK"):
         dt.resolve_packing(None, torch.bfloat16, "cpu", (64, 128), stub_probe(1.0, 0.5, calls, 0.1))
+
+
+@needs_onednn
+@pytest.mark.parametrize("packed32_s, pack32, choice", [(0.5, True, torch.float32), (0.97, False, torch.bfloat16)])
+def test_float32_packing_follows_its_own_probe(home, monkeypatch, packed32_s, pack32, choice):
+    """fp32 weights are packed where packed fp32 clearly beats plain fp32 (0.95); bf16 (packed: 0.6 of
+    plain fp32's time) must then clearly beat the better fp32 form (0.9)."""
+    monkeypatch.delenv("ANCHORSPEC_PACK", raising=False)
+    probe = stub_probe(1.0, 0.7, [], packed_s=0.6, packed32_s=packed32_s)
+    assert dt.resolve_packing(None, torch.float32, "cpu", (64, 128), probe) is pack32
+    assert dt.resolve_packing(None, torch.bfloat16, "cpu", (64, 128), probe) is True
+    assert dt.resolve_dtype("auto", "cpu", (64, 128), probe) == choice
+    assert dt.resolve_dtype("auto", "cpu", (64, 256), probe, pack="off") == torch.bfloat16  # plain 0.7 vs 1.0

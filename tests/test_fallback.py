@@ -6,6 +6,8 @@ draft cannot pay and retries later, stays on when it pays; the starting shape fo
 curve; and a broken plain step inside the speculative loop is caught (negative control).
 """
 
+import json
+
 import pytest
 import torch
 
@@ -253,3 +255,62 @@ def test_step_reports_carry_the_draft_depth():
     report = dec.step()
     assert report.kind == "speculative" and report.depth == 3 and report.accepted == 3
     assert dec.step(speculate=False).depth == 0
+
+
+def test_small_verify_sizes_each_keep_their_own_cost():
+    """A CPU GEMM of 2-3 rows can cost more than one of 4: measured sizes are not interpolated."""
+    from anchorspec.decode.fallback import CostCurve
+
+    curve = CostCurve(0.5)
+    for n, seconds in ((1, 1.0), (2, 2.1), (3, 3.0), (4, 1.8), (8, 2.2)):
+        curve.add(n, seconds)
+    assert [curve(n) for n in (1, 2, 3, 4, 8)] == [1.0, 2.1, 3.0, 1.8, 2.2]
+    assert curve(6) == pytest.approx(2.0)  # between measured points: interpolated
+    curve.add(17, 5.0)
+    curve.add(31, 7.0)  # 17-31 share one bucket above 16
+    assert len(curve.points) == 6 and curve(24) == pytest.approx(6.0)
+
+
+def test_monitor_state_round_trips_and_bad_states_are_refused():
+    m = FrozenCosts(plain=1.0, verify_per_token=0.1, draft_per_level=0.05)
+    m.shape = TreeShape.chain(3)
+    for accepted in (3, 1, 0, 2, 3):
+        StreamMonitor.observe_step(m, "speculative", 4, 3, accepted, step_s=1.5, draft_s=0.2)
+    fresh = StreamMonitor()
+    assert not fresh.calibrated
+    assert fresh.restore(m.state())
+    assert fresh.calibrated and fresh.state() == m.state()
+    assert fresh.choose_shape() == m.choose_shape() and fresh.expected_tau(4) == m.expected_tau(4)
+    good = m.state()
+    for bad in ({**good, "version": 0}, {**good, "accepted": [9, 0, 0]}, {**good, "verify": [[1, -1.0]]},
+                {**good, "reached": "x"}, {"version": good["version"]}, []):
+        other = StreamMonitor()
+        assert not other.restore(bad) and not other.calibrated and other.reached == []
+    partial = StreamMonitor()  # a plain step alone is no calibration
+    assert partial.restore({**good, "verify": [[1, 1.0]]}) and not partial.calibrated
+
+
+def test_engine_starts_from_the_costs_an_earlier_engine_kept(tmp_path, monkeypatch):
+    target = tiny_target("llama")
+    drafter = random_drafter(target)
+    costs = tmp_path / "costs" / "x.json"
+    first = Engine(target, drafter, costs_file=costs)
+    ref = first.generate(prompts()[0].tolist(), max_new_tokens=24, speculative=False).token_ids
+    assert first.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
+    kept = json.loads(costs.read_text())
+    assert kept == first.monitor.state() and kept["verify"] and kept["draft"]
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated although an earlier engine's costs were there")
+
+    monkeypatch.setattr(StreamMonitor, "calibrate", no_calibration)
+    second = Engine(target, drafter, costs_file=costs)
+    assert second.monitor.calibrated and second.monitor.reached == kept["reached"]
+    assert second.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
+    assert "earlier runs" in second.shape_source
+    assert sum(json.loads(costs.read_text())["reached"]) >= sum(kept["reached"])  # this run's steps added
+    costs.write_text("{damaged")
+    monkeypatch.undo()
+    third = Engine(target, drafter, costs_file=costs)  # a damaged file: measured again, then rewritten
+    assert not third.monitor.calibrated and third.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
+    assert json.loads(costs.read_text())["version"] == kept["version"]

@@ -16,21 +16,27 @@ from test_lossless import prompts, random_drafter
 pytestmark = pytest.mark.skipif(not packing_supported(torch.bfloat16, "cpu"), reason="no oneDNN bf16 packing")
 
 
+DTYPES = [torch.bfloat16, torch.float32]
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-5}  # one rounding of the dtype apart, about
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 48), (7, 48), (2, 5, 48)])
-def test_packed_linear_is_the_same_matmul(bias, shape):
+@pytest.mark.parametrize("shape", [(1, 48), (2, 48), (7, 48), (2, 5, 48)])
+def test_packed_linear_is_the_same_matmul(bias, shape, dtype):
     torch.manual_seed(0)
-    linear = torch.nn.Linear(48, 80, bias=bias).bfloat16()
-    x = torch.randn(*shape).bfloat16()
+    linear = torch.nn.Linear(48, 80, bias=bias).to(dtype)
+    x = torch.randn(*shape).to(dtype)
     with torch.inference_mode():
         want, got = F.linear(x, linear.weight, linear.bias), PackedLinear(linear)(x)
-    assert got.shape == want.shape and got.dtype == torch.bfloat16
-    # one bf16 rounding apart at most (oneDNN may add the products in another order)
-    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert got.shape == want.shape and got.dtype == dtype
+    # oneDNN may add the products in another order
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def packed_target(family: str) -> tuple[Target, int, int]:
-    model = tiny_target(family, dtype=torch.bfloat16).model
+def packed_target(family: str, dtype: torch.dtype = torch.bfloat16) -> tuple[Target, int, int]:
+    model = tiny_target(family, dtype=dtype).model
     linears = sum(type(m) is torch.nn.Linear for m in model.modules())
     return Target(model, None), linears, pack_linears(model)
 
@@ -46,23 +52,29 @@ def test_every_linear_is_packed_and_the_head_keeps_its_weight(family):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packed_target_gives_the_unpacked_logits(family):
-    plain = tiny_target(family, dtype=torch.bfloat16)
-    target = packed_target(family)[0]  # same seed: the same weights, packed
-    ids = prompts()[0]
-    with torch.inference_mode():
-        want = plain.forward(ids, torch.arange(len(ids)), plain.new_cache()).logits.float()
-        got = target.forward(ids, torch.arange(len(ids)), target.new_cache()).logits.float()
-    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    for dtype in DTYPES:
+        plain = tiny_target(family, dtype=dtype)
+        target = packed_target(family, dtype)[0]  # same seed: the same weights, packed
+        ids = prompts()[0]
+        with torch.inference_mode():
+            want = plain.forward(ids, torch.arange(len(ids)), plain.new_cache()).logits.float()
+            got = target.forward(ids, torch.arange(len(ids)), target.new_cache()).logits.float()
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+        else:
+            torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+            assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "granite"])
-def test_packed_target_decodes_losslessly(family):
+def test_packed_target_decodes_losslessly(family, dtype):
     """Speculative output == the packed target's own plain greedy output, chains and trees, random and
-    oracle drafters (bf16: the peaked tiny models keep greedy paths far from ties)."""
-    target = packed_target(family)[0]
+    oracle drafters (the peaked tiny models keep greedy paths far from ties)."""
+    target = packed_target(family, dtype)[0]
     cfg = GenerationConfig(max_new_tokens=20)
-    random = EagleProposer(random_drafter(target).bfloat16())
+    random = EagleProposer(random_drafter(target).to(dtype))
     for prompt in prompts():
         ref = generate_vanilla(target, prompt, cfg).token_ids
         for proposer in (random, OracleProposer(target)):
@@ -75,6 +87,7 @@ def test_load_target_packs_when_asked(tmp_path, monkeypatch):
     path = save_tiny_chat_target(tmp_path / "t", dtype=torch.bfloat16)
     packed = load_target(str(path), "bfloat16", pack="on")
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
+    assert any(isinstance(m, PackedLinear) for m in load_target(str(path), "float32", pack="on").model.modules())
     monkeypatch.setenv("ANCHORSPEC_PACK", "off")
     assert not any(isinstance(m, PackedLinear) for m in load_target(str(path), "bfloat16").model.modules())
     assert not any(isinstance(m, PackedLinear) for m in load_target(str(path), "float64", pack="on").model.modules())

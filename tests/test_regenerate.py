@@ -662,3 +662,32 @@ def test_turns_all_endpoint_equals_local(served, target, conversations, tmp_path
     regenerate_endpoint(served, conversations[:6], remote, concurrency=3, api_key="k3y", max_new_tokens=MAX_NEW,
                         tokenizer=target.tokenizer, progress=False)
     assert sorted(local.read_text().splitlines()) == sorted(remote.read_text().splitlines())
+
+
+def test_duplicate_prompts_are_not_answered(capsys, tmp_path, target_dir):
+    """Prompts whose user turns normalise alike (what pack-corpus drops) are answered once: the
+    first in order, or none if an already answered or packed prompt has them."""
+    from anchorspec.data.corpus import write_part
+    from anchorspec.data.regenerate import PromptItem, unique_prompts
+
+    def item(i, text, later=()):
+        return PromptItem(f"s:{i}", [{"role": "user", "content": text}], later)
+
+    items = [item(0, "Hello  World!"), item(1, "hello world"), item(2, "other"), item(3, "hello world", ("more",)),
+             item(4, "Other.")]
+    kept, dropped = unique_prompts(items)
+    assert [it.id for it in kept] == ["s:0", "s:2", "s:3"] and dropped == 2  # later turns make s:3 differ
+    kept, dropped = unique_prompts(items, {"s:2"})  # answered: kept (skipped downstream), its twin dropped
+    assert [it.id for it in kept] == ["s:0", "s:2", "s:3"] and dropped == 2
+    kept, dropped = unique_prompts(items, {"s:1"})
+    assert [it.id for it in kept] == ["s:1", "s:2", "s:3"] and dropped == 2  # s:0 repeats the answered s:1
+
+    data = write_jsonl(tmp_path / "dup.jsonl", [{"prompt": p} for p in ("w1 w2", "W1, w2!", "w3", "w1 w2", "w4")])
+    corpus = tmp_path / "corpus"
+    write_part(corpus, [([1, 2, 3], [0, 1, 1])], vocab_size=100, provenance={"ids": ["dup.jsonl:2"]})
+    out = tmp_path / "o.jsonl"
+    code, stdout, err = run_cli(capsys, "--target", target_dir, "--data", data, "--out", out, "--dtype", "float32",
+                                "--max-new-tokens", 2, "--skip-packed", corpus, "--threads", 1)
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == 2
+    assert sorted(r["id"] for r in read_records(out)) == ["dup.jsonl:0", "dup.jsonl:4"]
+    assert "2 prompts skipped" in err

@@ -128,3 +128,23 @@ def test_capped_shape():
     assert TreeShape(4, 4, 16).capped(9) == TreeShape(4, 4, 16)
     assert TreeShape.chain(5).capped(3) == TreeShape.chain(3)
     assert TreeShape.chain(5).capped(0) is None
+
+
+def test_load_keeps_costs_per_target_drafter_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))
+    target = save_tiny_chat_target(tmp_path / "target", dtype=torch.float64)
+    for name, seed in (("d1", 1), ("d2", 2)):
+        save_drafter(init_drafter(AutoConfig.from_pretrained(target), "eagle3.1", draft_vocab_size=64, seed=seed),
+                     tmp_path / name)
+    engine = load(str(target), str(tmp_path / "d1"), "float64")
+    assert engine.costs_file.parent == tmp_path / "home" / "costs" and not engine.costs_file.exists()
+    engine.shape  # calibrates, and keeps what it measured
+    assert engine.costs_file.is_file()
+    again = load(str(target), str(tmp_path / "d1"), "float64")
+    assert again.costs_file == engine.costs_file and again.monitor.calibrated
+    assert load(str(target), str(tmp_path / "d2"), "float64").costs_file != engine.costs_file
+    assert load(str(target), str(tmp_path / "d1"), "float32").costs_file != engine.costs_file
+    assert load(str(target), str(tmp_path / "d1"), "float64", remember=False).costs_file is None
+    monkeypatch.setenv("ANCHORSPEC_REMEMBER", "off")
+    assert load(str(target), str(tmp_path / "d1"), "float64").costs_file is None
+    assert load(str(target), None, "float64", remember=True).costs_file is None  # no drafter, nothing to learn

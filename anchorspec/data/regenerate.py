@@ -140,6 +140,30 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
     return items
 
 
+def unique_prompts(items: list[PromptItem], answered_ids=frozenset()) -> tuple[list[PromptItem], int]:
+    """`items` less those whose user turns (normalised, as `pack-corpus` compares them:
+    decontaminate.dedupe_key) repeat an earlier item's or an answered item's (id in `answered_ids`),
+    and how many were dropped. `pack-corpus` would drop their answers as duplicates (a fifth of a
+    ShareGPT slice here), so answering them is compute thrown away. Answered items stay: whoever
+    skips answered ids skips them."""
+    from .decontaminate import dedupe_key
+
+    def key(item: PromptItem) -> str:
+        return dedupe_key([*item.messages, *({"role": "user", "content": t} for t in item.later_turns)])
+
+    seen = {key(it) for it in items if it.id in answered_ids}
+    kept, dropped = [], 0
+    for it in items:
+        if it.id not in answered_ids:
+            k = key(it)
+            if k in seen:
+                dropped += 1
+                continue
+            seen.add(k)
+        kept.append(it)
+    return kept, dropped
+
+
 def done_ids(out_path: Path) -> set[str]:
     """Ids already answered in ``out_path``; a trailing partial line (a crash mid-write) is cut off."""
     if not out_path.exists():

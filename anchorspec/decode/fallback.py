@@ -39,6 +39,9 @@ too), draft(d) the drafting of a depth-d draft. They are seeded by a few timed f
 none was tuned or given (`StreamMonitor.choose_shape`): the chain depth whose expected tokens per
 second (acceptance per depth, learned from this process's verified steps, a prior before that)
 beats plain decoding by the most; if none does, the stream starts plain and retries like any other.
+What a stream learned (`StreamMonitor.state`) outlives its process: `anchorspec.load` keeps it per
+target, drafter, dtype and machine (decode/shape.py: costs_path), so the next run starts from real
+steps' costs and the drafter's measured acceptance instead of a short, noisy calibration.
 """
 
 
@@ -68,21 +71,33 @@ class RequestState:
         return sum(self.window) / len(self.window) if self.window else None
 
 
+EXACT_UP_TO = 16  # work up to this has a bucket per value: small GEMMs' costs jump between sizes
+
+
+def cost_bucket(x: float) -> int:
+    """Work 1..16 each its own bucket; above, one per power of two (17-31, 32-63, ...). A CPU GEMM
+    of 2 or 3 rows can cost more than one of 4 (fp32 here: 2.3x and 3.3x a 1-row product, 4 rows
+    1.8x), so the sizes a chain verifies are not interpolated from their neighbours."""
+    x = int(x)
+    return x if x <= EXACT_UP_TO else EXACT_UP_TO + x.bit_length()
+
+
 class CostCurve:
-    """Cost y of work x (padded tokens, drafting rows), learned per power-of-two bucket of x: each
+    """Cost y of work x (padded tokens, drafting rows), learned per bucket of x (cost_bucket): each
     bucket keeps exponential moving averages of its x and y, and a prediction interpolates
     linearly between the neighbouring buckets' points (beyond the ends: the end segment's slope,
     or flat with one bucket). Buckets are remembered separately, so hours at batch 16 do not
-    make the server forget what a batch-1 step costs. Cost never falls as work grows."""
+    make the server forget what a batch-1 step costs. Between two measured points cost never falls
+    (a falling segment is flat); a measured point is its own cost, even below a smaller one's."""
 
     def __init__(self, smoothing: float):
         self.smoothing = smoothing
         self.points: dict[int, list[float]] = {}  # bucket -> [mean x, mean y]
 
     def add(self, x: float, y: float) -> None:
-        point = self.points.get(int(x).bit_length())
+        point = self.points.get(cost_bucket(x))
         if point is None:
-            self.points[int(x).bit_length()] = [float(x), float(y)]
+            self.points[cost_bucket(x)] = [float(x), float(y)]
         else:
             point[0] += self.smoothing * (x - point[0])
             point[1] += self.smoothing * (y - point[1])
@@ -200,6 +215,8 @@ class DriftMonitor:
 PRIOR_ACCEPTANCE = 0.5  # per-depth acceptance assumed before any draft was verified (a weak drafter's)
 PRIOR_WEIGHT = 4  # ... worth this many verified drafts at each depth
 MAX_CHAIN = 8  # deepest chain choose_shape considers
+CALIBRATED_SIZES = (*range(2, MAX_CHAIN + 2), 16)  # verify sizes timed at start-up
+STATE_VERSION = 1  # bump when StreamMonitor.state() changes meaning
 
 
 class StreamMonitor(DriftMonitor):
@@ -267,6 +284,36 @@ class StreamMonitor(DriftMonitor):
         best = max((TreeShape.chain(d) for d in range(1, max_depth + 1)), key=lambda s: self.speedup(s) or 0.0)
         return best, self.speedup(best)
 
+    # --- memory across processes ----------------------------------------------------------------
+    def state(self) -> dict:
+        """What this stream has learned (costs and per-depth acceptance), as JSON-able data."""
+        return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
+                "draft": sorted(self.draft.points.values()), "reached": list(self.reached),
+                "accepted": list(self.accepted)}
+
+    def restore(self, state: dict) -> bool:
+        """Take up what an earlier process learned (`state()`): its costs stand in for the
+        calibration when they cover a plain step, a verify and a draft. False (nothing taken)
+        if the state is not one this version wrote."""
+        try:
+            if state.get("version") != STATE_VERSION:
+                return False
+            verify = [(float(x), float(y)) for x, y in state["verify"]]
+            draft = [(float(x), float(y)) for x, y in state["draft"]]
+            reached, accepted = [int(n) for n in state["reached"]], [int(n) for n in state["accepted"]]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return False
+        if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
+                or any(x < 1 or y <= 0 for x, y in verify + draft)):
+            return False
+        for curve, points in ((self.verify, verify), (self.draft, draft)):
+            for x, y in points:
+                curve.points[cost_bucket(x)] = [x, y]
+        self.reached, self.accepted = reached, accepted
+        self.calibrated = self.calibrated or (
+            cost_bucket(1) in self.verify.points and len(self.verify.points) > 1 and bool(self.draft.points))
+        return True
+
     def threshold_at(self, rows: int = 1) -> float | None:
         """tau* = (draft + verify) / plain for the stream's shape (batch 1: `rows` is ignored)."""
         if self.fixed_threshold is not None:
@@ -290,11 +337,12 @@ class StreamMonitor(DriftMonitor):
 
     # --- calibration ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def calibrate(self, target, proposer, context: int = 64, sizes=(2, 4, 8, 16), depths=(1, 4),
+    def calibrate(self, target, proposer, context: int = 128, sizes=CALIBRATED_SIZES, depths=(1, 4),
                   repeats: int = 3) -> None:
         """Seed the curves with a few timed forwards on a dummy context: the target over 1 and
-        `sizes` tokens, and the drafter drafting chains of `depths` (each the median of `repeats`,
-        after one warm-up). Costs learned from real steps replace these as they come."""
+        `sizes` tokens (every chain choose_shape prices, and a 16-node tree), and the drafter
+        drafting chains of `depths` (each the median of `repeats`, after one warm-up). Costs learned
+        from real steps replace these as they come."""
         verify, plain = verify_cost(target, context, list(sizes), repeats=repeats)
         self.verify.add(1, plain)
         for n, seconds in verify.items():

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_write_text
 from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from ..models.hub import cache_home
@@ -210,6 +211,44 @@ def save_profile(path: Path, estimates: list[ShapeEstimate], plain_s: float, con
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def _files_stamp(directory: str) -> list:
+    """Names, sizes and modification times of a checkpoint's weight files: a retrained drafter in
+    the same folder is a new drafter."""
+    folder = Path(directory)
+    files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")) if folder.is_dir() else []
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def costs_path(target_dir: str, drafter_dir: str, dtype: torch.dtype, variant: str) -> Path:
+    """Where `generate` keeps what it learned about this target, drafter, dtype, weight layout
+    (`variant`: packed, compiled) and machine: the step costs and the drafter's acceptance per depth
+    (StreamMonitor.state), so the next process starts from them instead of a short calibration."""
+    key = {**profile_key(target_dir, drafter_dir, dtype), "variant": variant,
+           "torch": torch.__version__, "drafter_files": _files_stamp(drafter_dir)}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_home() / "costs" / f"{digest}.json"
+
+
+def load_costs(path: Path) -> dict | None:
+    """The saved StreamMonitor state at `path`, or None (none yet, or unreadable: then the costs are
+    measured again, which is all a damaged file costs)."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def save_costs(path: Path, state: dict) -> None:
+    """Write the state atomically (a crash leaves the old file or the new one); a read-only home only
+    means the next process measures again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(state) + "\n")
+    except OSError:
+        pass
 
 
 def load_profile_shape(target_dir: str, drafter_dir: str, dtype: torch.dtype) -> tuple[TreeShape, Path] | None:

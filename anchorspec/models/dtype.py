@@ -35,9 +35,10 @@ DTYPE_CHOICES = (AUTO, *DTYPES)  # what every --dtype accepts
 BF16_MARGIN = 0.9
 # Shapes probed when no model config is at hand: SmolLM2-135M's (hidden 576, MLP 1536).
 FALLBACK_SHAPES = (576, 1536)
-PROBE_VERSION = 4  # bump when the probe changes, so old verdicts are not reused
-# prepacked bf16 weights (models/packed.py) must beat plain bf16 by this margin to be used
+PROBE_VERSION = 5  # bump when the probe changes, so old verdicts are not reused
+# prepacked weights (models/packed.py) must beat the plain layout of the same dtype by this margin
 PACK_MARGIN = 0.95
+PROBE_ROWS = (1, 2, 16)  # a decode step, a chain's verify (fp32 GEMMs of 2-3 rows are slow here), a wide one
 
 _announced: set[str] = set()
 
@@ -73,10 +74,10 @@ def bf16_hardware(flags: list[str]) -> list[str]:
     return [f for f in ("avx512_bf16", "amx_bf16", "avx_vnni_bf16", "bf16") if f in flags]
 
 
-def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -> dict[str, float]:
+def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 15) -> dict[str, float]:
     """Seconds of one [rows, hidden] x [hidden, intermediate] product in float32, bfloat16 and, where
-    oneDNN can, bfloat16 with prepacked weights ("bfloat16_packed", models/packed.py) (the best of
-    `repeats`, the two dtypes taking turns, so a neighbour's burst of work hits both alike). The weights
+    oneDNN can, both with prepacked weights ("float32_packed", "bfloat16_packed", models/packed.py) (the best of
+    `repeats`, the cases taking turns, so a neighbour's burst of work hits both alike). The weights
     cycle through enough copies (~64 MB in fp32) to spill the caches, as a real decode step streams
     every layer's weights from memory; a single cache-resident matrix would flatter fp32."""
     copies = max(1, (64 << 20) // (hidden * intermediate * 4))
@@ -85,9 +86,10 @@ def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -
     x32 = torch.randn(rows, hidden, generator=gen)
     bf16 = [w.bfloat16() for w in fp32]
     cases = {"float32": (x32, fp32, F.linear), "bfloat16": (x32.bfloat16(), bf16, F.linear)}
-    if packing_supported(torch.bfloat16, "cpu"):
-        cases["bfloat16_packed"] = (x32.bfloat16(), [pack_weight(w) for w in bf16],  # as PackedLinear packs
-                                    lambda x, w: packed_linear(x, w, None, intermediate))
+    for name, x, weights in (("float32_packed", x32, fp32), ("bfloat16_packed", x32.bfloat16(), bf16)):
+        if packing_supported(x.dtype, "cpu"):
+            cases[name] = (x, [pack_weight(w) for w in weights],  # as PackedLinear packs
+                           lambda x, w: packed_linear(x, w, None, intermediate))
     calls = {}
     with torch.inference_mode():
         for name, (x, weights, linear) in cases.items():
@@ -95,7 +97,8 @@ def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -
                 linear(x, w)
             start = time.perf_counter()
             linear(x, weights[0])
-            calls[name] = max(copies, min(2000, int(0.01 / max(time.perf_counter() - start, 1e-7))))  # ~10 ms a repeat
+            # short repeats (~3 ms): on a busy machine some run without being preempted, and the best counts
+            calls[name] = max(copies, min(2000, int(0.003 / max(time.perf_counter() - start, 1e-7))))
         best = {name: float("inf") for name in cases}
         for _ in range(repeats):
             for name, (x, weights, linear) in cases.items():
@@ -107,10 +110,10 @@ def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 7) -
 
 
 def probe_gemms(hidden: int, intermediate: int) -> dict:
-    """Seconds per GEMM in float32, bfloat16 and (where supported) packed bfloat16 at a one-token decode
-    step and a 16-token verify/prefill chunk (rows 1 and 16 of the MLP's up projection), on the
-    current torch thread count."""
-    by_rows = {rows: _gemm_seconds(rows, hidden, intermediate) for rows in (1, 16)}
+    """Seconds per GEMM in float32, bfloat16 and (where supported) both packed at a one-token decode
+    step, a two-token chain verify and a 16-token verify/prefill chunk (PROBE_ROWS rows of the MLP's
+    up projection), on the current torch thread count."""
+    by_rows = {rows: _gemm_seconds(rows, hidden, intermediate) for rows in PROBE_ROWS}
     return {name: {str(rows): by_rows[rows][name] for rows in by_rows} for name in by_rows[1]}
 
 
@@ -132,19 +135,21 @@ def _read_verdict(path: Path, key: dict) -> dict | None:
     except (OSError, ValueError):
         return None
     ok = (isinstance(record, dict) and record.get("key") == key and record.get("choice") in ("float32", "bfloat16")
-          and isinstance(record.get("pack_bf16"), bool))
+          and isinstance(record.get("pack_bf16"), bool) and isinstance(record.get("pack_fp32"), bool))
     return record if ok else None
 
 
 def _verdict(seconds: dict, packing: bool = True) -> dict:
-    """The probe's timings -> the choices: bf16 when its best form clearly beats fp32; packed weights
-    when they clearly beat plain bf16 (and `packing` is allowed)."""
-    fp32, bf16 = sum(seconds["float32"].values()), sum(seconds["bfloat16"].values())
-    packed = sum(seconds["bfloat16_packed"].values()) if "bfloat16_packed" in seconds else float("inf")
-    pack = packing and packed < PACK_MARGIN * bf16
-    best_bf16 = packed if pack else bf16
-    return {"seconds": seconds, "bf16_speedup": fp32 / best_bf16, "pack_speedup": bf16 / packed, "pack_bf16": pack,
-            "choice": "bfloat16" if best_bf16 < BF16_MARGIN * fp32 else "float32"}
+    """The probe's timings -> the choices: packed weights for a dtype when they clearly beat its plain
+    layout (and `packing` is allowed); bf16 when its best form clearly beats fp32's best form."""
+    total = {name: sum(by_rows.values()) for name, by_rows in seconds.items()}
+    fp32, bf16 = total["float32"], total["bfloat16"]
+    packed32, packed16 = total.get("float32_packed", float("inf")), total.get("bfloat16_packed", float("inf"))
+    pack32, pack16 = packing and packed32 < PACK_MARGIN * fp32, packing and packed16 < PACK_MARGIN * bf16
+    best_fp32, best_bf16 = (packed32 if pack32 else fp32), (packed16 if pack16 else bf16)
+    return {"seconds": seconds, "bf16_speedup": best_fp32 / best_bf16, "pack_speedup": bf16 / packed16,
+            "pack_fp32_speedup": fp32 / packed32, "pack_bf16": pack16, "pack_fp32": pack32,
+            "choice": "bfloat16" if best_bf16 < BF16_MARGIN * best_fp32 else "float32"}
 
 
 def cpu_probe_record(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[dict, Path]:
@@ -169,12 +174,11 @@ def cpu_probe_record(hidden: int, intermediate: int, probe: Callable[[int, int],
 
 
 def _choice(record: dict, packing: bool) -> tuple[str, float, bool]:
-    """(dtype name, bf16 speed over fp32, packed) from a probe record, with packing allowed or not
-    (ANCHORSPEC_PACK=off: plain bf16 must beat fp32 on its own)."""
-    if packing or not record["pack_bf16"]:  # the verdict as recorded
-        return record["choice"], record["bf16_speedup"], record["pack_bf16"]
-    unpacked = _verdict(record["seconds"], packing=False)
-    return unpacked["choice"], unpacked["bf16_speedup"], False
+    """(dtype name, bf16 speed over fp32, whether the chosen dtype's weights are packed) from a probe
+    record, with packing allowed or not (ANCHORSPEC_PACK=off: plain bf16 must beat plain fp32)."""
+    verdict = record if packing else _verdict(record["seconds"], packing=False)
+    packed = verdict["pack_bf16"] if verdict["choice"] == "bfloat16" else verdict["pack_fp32"]
+    return verdict["choice"], verdict["bf16_speedup"], packed
 
 
 def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms,
@@ -185,8 +189,8 @@ def cpu_auto_dtype(hidden: int, intermediate: int, probe: Callable[[int, int], d
     cpu, key = cpu_description(), record["key"]
     native = bf16_hardware(cpu["flags"])
     choice, speedup, packed = _choice(record, packing)
-    packed = " with prepacked weights" if packed else ""
-    why = (f"bf16 GEMMs{packed} {speedup:.2f}x the speed of fp32 at this model's step shapes on "
+    packed = f" ({choice} weights prepacked)" if packed else ""
+    why = (f"bf16 GEMMs {speedup:.2f}x the speed of fp32{packed} at this model's step shapes on "
            f"{cpu['model']} ({', '.join(native) if native else 'no native bf16'}), "
            f"{key['threads']} thread{'s' if key['threads'] != 1 else ''}; "
            f"cached in {path}")
@@ -225,22 +229,24 @@ def pack_mode(mode: str | None) -> str:
 def resolve_packing(mode: str | None, dtype: torch.dtype, device, shapes: tuple[int, int] | None,
                     probe: Callable[[int, int], dict] = probe_gemms, announce: bool = True) -> bool:
     """Whether to prepack the target's linear weights (models/packed.py). `mode` None reads
-    $ANCHORSPEC_PACK (default auto); auto packs bf16 on a CPU where the probe (cached, shared with
-    --dtype auto) measured packed GEMMs clearly faster; on packs wherever oneDNN can."""
+    $ANCHORSPEC_PACK (default auto); auto packs fp32 or bf16 on a CPU where the probe (cached, shared
+    with --dtype auto) measured that dtype's packed GEMMs clearly faster; on packs wherever oneDNN can."""
     mode = pack_mode(mode)
     if mode == "off" or not packing_supported(dtype, device):
         return False
     if mode == "on":
         return True
-    if dtype != torch.bfloat16:
-        return False  # the probe measures bf16 only
+    if dtype not in (torch.float32, torch.bfloat16):
+        return False  # the probe measures these two
     record, path = cpu_probe_record(*(shapes or FALLBACK_SHAPES), probe=probe)
-    why = f"prepacked bf16 GEMMs {record['pack_speedup']:.2f}x plain bf16 here; cached in {path}"
-    if announce and record["pack_bf16"] and why not in _announced:
+    name, pack = ("bf16", record["pack_bf16"]) if dtype == torch.bfloat16 else ("fp32", record["pack_fp32"])
+    speedup = record["pack_speedup"] if dtype == torch.bfloat16 else record["pack_fp32_speedup"]
+    why = f"prepacked {name} GEMMs {speedup:.2f}x plain {name} here; cached in {path}"
+    if announce and pack and why not in _announced:
         _announced.add(why)
         print(f"anchorspec: target weights prepacked for oneDNN ({why}; ANCHORSPEC_PACK=off turns it off)",
               file=sys.stderr)
-    return record["pack_bf16"]
+    return pack
 
 
 def model_shapes(config) -> tuple[int, int] | None:
