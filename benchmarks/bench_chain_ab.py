@@ -7,14 +7,12 @@ alternating per prompt in one process (MT-bench first turns, chat template, T=0)
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, environment, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, drafter_parser, load_prompts, warn_if_busy, write_results  # noqa: E402
 
 from anchorspec import load  # noqa: E402
 from anchorspec.api import Engine  # noqa: E402
@@ -22,15 +20,9 @@ from anchorspec.decode.tree import TreeShape  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--drafter", required=True)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=1)
+    p = drafter_parser(__doc__.split("\n\n")[0])
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--chains", default="2,3", help="fixed chain depths to compare with the default")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", required=True)
     args = p.parse_args()
     warn_if_busy(args.threads)
     base = load(args.target, args.drafter, args.dtype, threads=args.threads, remember=False)
@@ -53,10 +45,7 @@ def main() -> None:
                          "depths": [x["shape_depth"] for x in r]}
         print(f"{name:8s} {summary[name]['median_tok_s']:5.1f} tok/s  vs plain median {summary[name]['median_vs_plain']:.3f}"
               f" mean {summary[name]['mean_vs_plain']:.3f}  depths {summary[name]['depths']}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"environment": environment(args), "summary": summary, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results(args.out, args, {"summary": summary, "rows": rows})
 
 
 if __name__ == "__main__":

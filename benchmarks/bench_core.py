@@ -60,6 +60,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def drafter_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every one-drafter `generate` benchmark takes; a script adds its own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", required=True, help="where to write the JSON results")
+    return p
+
+
+def write_results(path: str, args, body: dict) -> None:
+    """`body` with the run's environment, as JSON at `path` (folders made as needed)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"environment": environment(args), **body}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def load_prompts(path: str, limit: int) -> list[dict]:
     rows = []
     with open(path) as f:

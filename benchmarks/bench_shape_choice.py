@@ -10,15 +10,13 @@ Prints each choice with its expected speedup, and the verify costs per size each
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, environment, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, drafter_parser, load_prompts, warn_if_busy, write_results  # noqa: E402
 
 from anchorspec import load  # noqa: E402
 from anchorspec.api import Engine  # noqa: E402
@@ -31,15 +29,9 @@ def costs_ms(engine: Engine) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--drafter", required=True)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=1)
+    p = drafter_parser(__doc__.split("\n\n")[0])
     p.add_argument("--cold", type=int, default=5, help="fresh calibrations")
     p.add_argument("--warm-prompts", type=int, default=20, help="generations whose costs are then remembered")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", required=True)
     args = p.parse_args()
     warn_if_busy(args.threads)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, remember=False)
@@ -65,10 +57,7 @@ def main() -> None:
                          "acceptance": [round(again.monitor.acceptance(d), 3) for d in range(1, 6)]})
             print(f"remembered {i}: chain {shape.depth} ({again.shape_source})", flush=True)
             again.generate(again.encode(prompts[i % len(prompts)]["text"], chat=True), max_new_tokens=args.max_new_tokens)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"environment": environment(args), "dtype": args.dtype, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results(args.out, args, {"dtype": args.dtype, "rows": rows})
 
 
 if __name__ == "__main__":

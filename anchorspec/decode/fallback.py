@@ -75,9 +75,10 @@ EXACT_UP_TO = 16  # work up to this has a bucket per value: small GEMMs' costs j
 
 
 def cost_bucket(x: float) -> int:
-    """Work 1..16 each its own bucket; above, one per power of two (17-31, 32-63, ...). A CPU GEMM
-    of 2 or 3 rows can cost more than one of 4 (fp32 here: 2.3x and 3.3x a 1-row product, 4 rows
-    1.8x), so the sizes a chain verifies are not interpolated from their neighbours."""
+    """Work 1..16 each its own bucket; above, one per power of two (17-31, 32-63, ...). A CPU forward
+    of 2 or 3 tokens can cost more than one of 4 (SmolLM2 in fp32 here: 1.66x and 2.03x a 1-token
+    step, 4 tokens 1.49x; docs/results.md, session 23), so the sizes a chain verifies are not
+    interpolated from their neighbours."""
     x = int(x)
     return x if x <= EXACT_UP_TO else EXACT_UP_TO + x.bit_length()
 
