@@ -337,7 +337,7 @@ def cmd_train(args) -> int:
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
-        init_from=args.init_from, init_head=args.init_head, revocab=args.revocab, draft_layers=args.draft_layers,
+        init_from=args.init_from, init_head=args.init_head, init_layer=args.init_layer, revocab=args.revocab, draft_layers=args.draft_layers,
         attn_align=args.attn_align, stage=args.stage, accept_slots=args.accept_slots,
         draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
@@ -741,6 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "in both vocabularies are kept, new tokens start from the target's head rows")
     t.add_argument("--init-head", default="random", choices=["random", "target"],
                    help="a new drafter's lm_head and final norm: random, or the target's rows of the draft vocabulary")
+    t.add_argument("--init-layer", default="random", choices=["random", "target"],
+                   help="a new drafter's decoder layer: random, or the target's last layer reading the highest "
+                        "captured state (fc passes that state through)")
     t.add_argument("--variant", choices=["eagle3", "eagle3.1"],
                    help="eagle3.1 adds fc_norm and norm_output (see README) (default: eagle3.1, or --init-from's)")
     t.add_argument("--ttt-steps", type=_count, default=7, help="training-time-test unroll depth K")
@@ -819,7 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=_count, default=128, help="new tokens per prompt, at most")
     _add_dtype(b)
     _add_threads(b)
-    _add_shape(b, "4,4,16")
+    _add_shape(b, "the chain the measured costs favour, as generate chooses")
     b.add_argument("--data-dir", help="folder holding eagle_eval/ and long_context/ (default ../shared/data)")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the records in --out")

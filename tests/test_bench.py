@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig
 
 from anchorspec import cli
+from anchorspec.api import DEFAULT_TREE
 from anchorspec.bench import BenchSpec, run_bench
 from anchorspec.bench.report import markdown, summarize
 from anchorspec.bench.workloads import LONG_SIZES, Prompt, encode, expand_workloads, load_workload
@@ -55,7 +56,8 @@ def dirs(tmp_path_factory):
 def spec(dirs, out, **kw):
     base = dict(target=dirs["target"], drafters=dirs["drafters"], workloads="mt_bench,gsm8k,tpl-plain,long-1k",
                 temperatures=(0.0, 1.0), limit=2, max_new_tokens=6, dtype="float64", data_dir=dirs["data"],
-                out=str(out), progress=False, fallback=False)  # the drafters' own tau (ratios)
+                out=str(out), progress=False, fallback=False,  # the drafters' own tau (ratios)
+                shape=DEFAULT_TREE)  # fixed: a measured shape follows what the engine learned on earlier prompts
     base.update(kw)
     return BenchSpec(**base)
 
@@ -149,6 +151,20 @@ def test_sampled_runs_are_seeded_per_prompt(bench, dirs, tmp_path):
     first = {(r["prompt_id"], r["method"]): r["tokens"] for r in records if r["temperature"] == 1}
     assert rerun and all(first[(r["prompt_id"], r["method"])] == r["tokens"] for r in rerun)
     assert again["methods"] == ["hf", "hf_lookup", "vanilla", "d3", "d31"]
+
+
+def test_default_shape_is_the_measured_chain_generate_would_choose(dirs, tmp_path):
+    """No --chain/--tree: each drafter drafts through generate's Engine with the chain its measured
+    costs favour (recorded as such), and greedy output stays the baseline's."""
+    summary = run_bench(spec(dirs, tmp_path / "m", workloads="gsm8k", temperatures=(0.0,), shape=None,
+                             baselines=("hf",)))
+    shapes = summary["environment"]["drafter_shapes"]
+    assert set(shapes) == {"d3", "d31"}
+    for text in shapes.values():
+        top_k, depth, total = map(int, text.split(" ")[0].split(","))
+        assert (top_k, total) == (1, depth + 1) and "measured" in text, text  # a chain: one token per level
+    records = [json.loads(line) for line in (tmp_path / "m" / "records.jsonl").read_text().splitlines()[1:]]
+    assert records and all(r["identical_to_baseline"] for r in records)
 
 
 def test_second_turn_follows_the_baseline_answer(bench, dirs):

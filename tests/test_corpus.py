@@ -134,6 +134,68 @@ def test_init_head_target_copies_the_targets_head_rows(setup, tmp_path):
     assert not torch.equal(r.drafter.lm_head.weight, head[r.drafter.draft_to_target].to(r.drafter.lm_head.weight.dtype))
 
 
+def _last_layer_io(model, input_ids):
+    """(input, output) hidden states of the target's last decoder layer on `input_ids`."""
+    seen = {}
+
+    def hook(module, args, output):
+        seen["in"], seen["out"] = args[0], output[0] if isinstance(output, tuple) else output
+
+    handle = model.model.layers[-1].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            model(input_ids)
+    finally:
+        handle.remove()
+    return seen["in"], seen["out"]
+
+
+def test_init_layer_target_starts_as_the_targets_last_layer(setup, tmp_path):
+    from anchorspec.models.drafter import CAUSAL, KVCache
+
+    t = Trainer(config(setup, tmp_path / "l", init_layer="target"))
+    d, target = t.drafter, t.target.model
+    ids = torch.tensor([[3, 17, 5, 40, 9, 22, 11]])
+    h_in, h_out = _last_layer_io(target, ids)
+    cos, sin = d.rope(torch.arange(ids.shape[1])[None], h_in.dtype)
+    # with no embedding the drafter's layer is the target's layer: same state in, same state out
+    ours, _ = d.midlayer(torch.zeros_like(h_in), h_in, cos, sin, KVCache(), CAUSAL, False)
+    torch.testing.assert_close(ours, h_out, rtol=1e-6, atol=1e-7)  # both RoPEs are computed in fp32
+    # fc passes the highest captured state through (the other blocks zeroed to isolate it)
+    Ht = d.config.target_hidden_size
+    with torch.no_grad():
+        d.fc.weight[:, : -Ht].zero_()
+    aux = torch.randn(2, 5, d.fc.in_features, dtype=d.fc.weight.dtype)
+    torch.testing.assert_close(d.project_features(aux), d.fc_norm[-1](aux[..., -Ht:]))
+    # the token still reaches the layer: the embedding half of q/k/v keeps its random start
+    assert d.midlayer.self_attn.q_proj.weight[:, :Ht].abs().sum() > 0
+    # negative control: the default random layer is not the target's
+    r = Trainer(config(setup, tmp_path / "r"))
+    theirs, _ = r.drafter.midlayer(torch.zeros_like(h_in), h_in, cos, sin, KVCache(), CAUSAL, False)
+    assert not torch.allclose(theirs, h_out, atol=1e-3)
+    with pytest.raises(AnchorspecError, match="keeps the drafter's own layer"):
+        Trainer(config(setup, tmp_path / "z", init_from=str(tmp_path / "l"), init_layer="target"))
+
+
+def test_init_layer_target_reads_stock_weights_when_the_target_is_prepacked(setup, tmp_path, monkeypatch):
+    from anchorspec.models.packed import is_packed, packing_supported
+
+    if not packing_supported(torch.float32, "cpu"):
+        pytest.skip("oneDNN weight packing is not available in this torch build")
+    monkeypatch.setenv("ANCHORSPEC_PACK", "on")
+    t = Trainer(config(setup, tmp_path / "p", init_layer="target", dtype="float32"))
+    assert is_packed(t.target.model)  # the training target is packed; the layer came from stock weights
+    from safetensors.torch import load_file
+
+    stock = load_file(str(setup[0] / "model.safetensors"))
+    last = t.target.model.config.num_hidden_layers - 1
+    H = t.drafter.config.hidden_size
+    got = t.drafter.midlayer.mlp.down_proj.weight
+    assert torch.equal(got, stock[f"model.layers.{last}.mlp.down_proj.weight"].to(got.dtype))
+    got = t.drafter.midlayer.self_attn.k_proj.weight[:, H:]
+    assert torch.equal(got, stock[f"model.layers.{last}.self_attn.k_proj.weight"].to(got.dtype))
+
+
 def test_revocab_reselects_the_vocabulary_and_keeps_shared_rows(setup, tmp_path):
     from anchorspec.models.drafter import save_drafter
     from anchorspec.train.vocab import coverage, select_draft_vocab

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..api import DEFAULT_TREE, Engine
+from ..api import Engine
 from ..decode.shape import load_profile_shape
 from ..decode.tree import TreeShape
 from ..errors import AnchorspecError
@@ -40,7 +40,7 @@ class BenchSpec:
     limit: int = 5
     max_new_tokens: int = 128
     dtype: str = "bfloat16"
-    shape: TreeShape = DEFAULT_TREE
+    shape: TreeShape | None = None  # None: the chain the measured costs favour, as `generate` chooses
     data_dir: str | None = None
     out: str = "bench-out"
     resume: bool = False
@@ -70,7 +70,12 @@ def split_shape(entry: str) -> tuple[str, str | None]:
     return (path, shape) if sep and path else (entry, None)
 
 
-def resolve_shape(text: str | None, default: TreeShape, target: str, path: str, dtype) -> TreeShape:
+def describe_shape(shape: TreeShape | None) -> str:
+    return "measured" if shape is None else f"{shape.top_k},{shape.depth},{shape.total_tokens}"
+
+
+def resolve_shape(text: str | None, default: TreeShape | None, target: str, path: str, dtype) -> TreeShape | None:
+    """A drafter entry's shape: its @SHAPE, else `default` (None: measured when the engine first drafts)."""
     if text is None or text == "adaptive":
         return default
     if text == "auto":
@@ -91,7 +96,7 @@ def environment(spec: BenchSpec) -> dict:
             "device": "cpu", "cpu_count": os.cpu_count(), "machine": platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "max_new_tokens": spec.max_new_tokens,
-            "shape": [spec.shape.top_k, spec.shape.depth, spec.shape.total_tokens],
+            "shape": describe_shape(spec.shape),
             "loadavg_at_start": os.getloadavg()}
 
 
@@ -120,13 +125,15 @@ def run_bench(spec: BenchSpec) -> dict:
                 for name, drafter, shape, adaptive in drafters]
     settings = {"target": spec.target, "dtype": spec.dtype, "packed": is_packed(target.model),
                 "workloads": workloads, "limit": spec.limit,
-                "drafters": [[name, entry, [s.top_k, s.depth, s.total_tokens], adaptive]
+                "drafters": [[name, entry, describe_shape(s), adaptive]
                              for (name, entry), (_, _, s, adaptive) in zip(spec.drafters, drafters)]}
     records = run_benchmark(methods, prompts, target.tokenizer, temperatures=spec.temperatures,
                             max_new_tokens=spec.max_new_tokens, out_dir=spec.out, settings=settings,
                             resume=spec.resume, progress=spec.progress)
     env = environment(spec)
-    env["drafter_shapes"] = {name: f"{s.top_k},{s.depth},{s.total_tokens}" + (" adaptive" if adaptive else "")
+    loops = {m.name: m for m in methods if isinstance(m, Loop) and m.engine is not None}
+    env["drafter_shapes"] = {name: describe_shape(loops[name].shape) + (" adaptive" if adaptive else "")
+                             + (f" ({loops[name].engine.shape_source})" if s is None else "")
                              for name, _, s, adaptive in drafters}
     summary = summarize(records)
     summary["environment"] = env

@@ -3,10 +3,11 @@
   hf            Hugging Face `generate` (greedy at T=0, multinomial at T>0): the baseline
   hf_lookup     Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`)
   vanilla       the project's own plain loop (generate_vanilla)
-  <drafter>     the project's speculative loop with an EAGLE drafter and a draft shape (fixed, or
+  <drafter>     the project's speculative loop with an EAGLE drafter, through `generate`'s own
+                Engine: the chain the measured costs favour unless a shape is given (fixed, or
                 adapted during the generation: decode/adaptive.py), falling back to plain steps
-                while speculation does not pay, as `generate` does (decode/fallback.py; its
-                calibration runs in the untimed warm-up)
+                while speculation does not pay (decode/fallback.py; its calibration runs in the
+                untimed warm-up)
 
 All share one target model. Every method stops at the same stop tokens and counts a stop token it
 emits as a new token, so tokens/s compare like with like.
@@ -19,11 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..api import attach_drafter
-from ..decode.adaptive import AdaptiveDepth
-from ..decode.engine import GenerationConfig, generate_speculative, generate_vanilla
-from ..decode.fallback import StreamMonitor
-from ..decode.propose import EagleProposer
+from ..api import Engine, attach_drafter
+from ..decode.engine import GenerationConfig, generate_vanilla
 from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
 from ..metrics import GenerationStats
@@ -79,24 +77,30 @@ class HFGenerate(Method):
 
 
 class Loop(Method):
-    """The project's loops: plain (drafter None) or speculative with `shape`."""
+    """The project's loops: plain (drafter None), or speculative through the same `Engine` that
+    `anchorspec generate` uses: `shape` None drafts with the chain the measured costs favour (as
+    `generate` does without a tuned profile), else the given shape."""
 
     def __init__(self, name: str, target: Target, stop_ids: tuple[int, ...], drafter: Eagle3Drafter | None = None,
                  shape: TreeShape | None = None, adaptive: bool = False, fallback: bool = True):
         self.name, self.target, self.stop_ids = name, target, tuple(stop_ids)
-        self.drafter, self.shape, self.adaptive = drafter, shape, adaptive
-        self.proposer = EagleProposer(drafter) if drafter is not None else None
-        # learns across the run's prompts; off: the drafter's own tau at every step (comparing drafters)
-        self.fallback = StreamMonitor() if drafter is not None and fallback else None
+        self.drafter, self.adaptive = drafter, adaptive
+        # the engine's monitor learns across the run's prompts; fallback off: the drafter's own tau at
+        # every step (comparing drafters)
+        self.engine = Engine(target, drafter, shape=shape, fallback=fallback) if drafter is not None else None
         self.kind = "drafter" if drafter is not None else "loop"
 
+    @property
+    def shape(self) -> TreeShape | None:
+        """The shape this drafter drafts with now (a measured one is chosen on first use)."""
+        return self.engine.shape if self.engine is not None else None
+
     def _generate(self, ids, max_new, temperature, seed):
-        cfg = GenerationConfig(max_new_tokens=max_new, sampling=SamplingParams(temperature), seed=seed,
-                               stop_token_ids=self.stop_ids)
-        if self.proposer is None:
-            res = generate_vanilla(self.target, ids, cfg)
-            return res.token_ids, None
+        if self.engine is None:
+            cfg = GenerationConfig(max_new_tokens=max_new, sampling=SamplingParams(temperature), seed=seed,
+                                   stop_token_ids=self.stop_ids)
+            return generate_vanilla(self.target, ids, cfg).token_ids, None
         attach_drafter(self.target, self.drafter)  # drafters may differ in aux layers: set them per call
-        shape = AdaptiveDepth(self.shape) if self.adaptive else self.shape  # a fresh controller per generation
-        res = generate_speculative(self.target, self.proposer, ids, cfg, shape, self.fallback)
+        res = self.engine.generate(ids, max_new_tokens=max_new, temperature=temperature, seed=seed,
+                                   adaptive=self.adaptive)
         return res.token_ids, res.stats

@@ -585,6 +585,41 @@ def init_drafter(target_config, variant: str = "eagle3.1", draft_vocab_size: int
     return drafter.eval()
 
 
+def layer_from_target(drafter: Eagle3Drafter, target_layer: nn.Module) -> None:
+    """Start the drafter's first decoder layer as `target_layer` (a Llama-style decoder layer of the
+    target: q/k/v/o_proj, gate/up/down_proj, input_layernorm, post_attention_layernorm), reading the
+    highest captured state.
+
+    q/k/v read concat(input_layernorm(emb), hidden_norm(x_in)): the target's projections go into the
+    x_in half and `hidden_norm` takes the target's input norm, while the embedding half keeps its
+    random start (the drafted token must still reach the layer). `fc` passes the last captured state
+    through unchanged (identity block; the other blocks keep their random start), so with a zero
+    embedding the layer computes exactly what the target's layer computes on that state.
+    """
+    H, Ht, n_aux = drafter.config.hidden_size, drafter.config.target_hidden_size, drafter.config.num_aux
+    if H != Ht:
+        raise AnchorspecError(f"--init-layer target needs the drafter's hidden size ({H}) to equal the target's ({Ht})")
+    mid = drafter.midlayer
+    t_attn, t_mlp = target_layer.self_attn, target_layer.mlp
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            ours, theirs = getattr(mid.self_attn, name), getattr(t_attn, name)
+            if ours.weight.shape[0] != theirs.weight.shape[0]:
+                raise AnchorspecError(f"--init-layer target: the target layer's {name} has "
+                                      f"{theirs.weight.shape[0]} outputs, the drafter's {ours.weight.shape[0]}")
+            ours.weight[:, H:].copy_(theirs.weight)
+            if ours.bias is not None and getattr(theirs, "bias", None) is not None:
+                ours.bias.copy_(theirs.bias)
+        mid.self_attn.o_proj.weight.copy_(t_attn.o_proj.weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(mid.mlp, name).weight.copy_(getattr(t_mlp, name).weight)
+        mid.hidden_norm.weight.copy_(target_layer.input_layernorm.weight)
+        mid.post_attention_layernorm.weight.copy_(target_layer.post_attention_layernorm.weight)
+        drafter.fc.weight[:, (n_aux - 1) * Ht:].copy_(torch.eye(H, dtype=drafter.fc.weight.dtype))
+        if drafter.fc.bias is not None:
+            drafter.fc.bias.zero_()
+
+
 def deepen(drafter: Eagle3Drafter, num_layers: int, seed: int = 0, init_std: float = 0.02) -> Eagle3Drafter:
     """`drafter` with decoder layers appended up to `num_layers`, computing exactly what it computed.
 

@@ -35,9 +35,10 @@ from anchorspec.errors import AnchorspecError
 from ..data.chat import DROP, KEEP
 from ..allocator import active_allocator, malloc_mode
 from ..atomic import atomic_write
-from ..models.drafter import Eagle3Drafter, deepen, init_drafter, load_drafter, save_drafter
+from ..models.drafter import Eagle3Drafter, deepen, init_drafter, layer_from_target, load_drafter, save_drafter
 from ..models.dtype import argmax_last
-from ..models.target import Target, load_target, parse_dtype
+from ..models.packed import is_packed
+from ..models.target import Target, decoder_layers, load_target, parse_dtype
 from ..data.corpus import is_corpus, read_corpus
 from ..data.readers import jsonl_lines
 from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, keep_fitting, read_conversations, \
@@ -49,9 +50,9 @@ from .vocab import count_loss_tokens, coverage, remap_head_rows, select_draft_vo
 TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
                      "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
                      "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head",
-                     "revocab", "draft_layers", "attn_align", "stage", "accept_slots")
+                     "init_layer", "revocab", "draft_layers", "attn_align", "stage", "accept_slots")
 # Trajectory fields added later: a run.json written before them ran with these values.
-FIELD_DEFAULTS = {"draft_layers": 1, "attn_align": 0.0, "stage": "distill", "accept_slots": 16}
+FIELD_DEFAULTS = {"init_layer": "random", "draft_layers": 1, "attn_align": 0.0, "stage": "distill", "accept_slots": 16}
 STAGES = ("distill", "accept")
 DEFAULT_DRAFT_VOCAB = 16384
 
@@ -66,6 +67,7 @@ class TrainConfig:
     draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB  # capped at the target vocabulary; None: --init-from's
     init_from: str | None = None  # a drafter directory to continue from (its weights and draft vocabulary)
     init_head: str = "random"  # random | target: lm_head rows and final norm copied from the target's head
+    init_layer: str = "random"  # random | target: the decoder layer starts as the target's last (layer_from_target)
     revocab: bool = False  # with init_from: re-select the draft vocabulary (same size) from this data
     draft_layers: int | None = None  # decoder layers: None = 1 for a new drafter, or --init-from's
     attn_align: float = 0.0  # weight of the attention-alignment loss (train/attn_align.py); 0 = off
@@ -101,6 +103,10 @@ class TrainConfig:
             raise AnchorspecError(f"--init-head must be random or target, got {self.init_head!r}")
         if self.init_from is not None and self.init_head != "random":
             raise AnchorspecError("--init-head applies to a new drafter; --init-from keeps the drafter's own head")
+        if self.init_layer not in ("random", "target"):
+            raise AnchorspecError(f"--init-layer must be random or target, got {self.init_layer!r}")
+        if self.init_from is not None and self.init_layer != "random":
+            raise AnchorspecError("--init-layer applies to a new drafter; --init-from keeps the drafter's own layer")
         if self.revocab and self.init_from is None:
             raise AnchorspecError("--revocab re-selects a continued drafter's vocabulary: it needs --init-from")
         if self.init_from is None:  # flags left out: a new drafter's defaults
@@ -346,6 +352,11 @@ class Trainer:
             drafter.set_vocab_mapping(draft_ids)
             if cfg.init_head == "target":
                 self._head_from_target(drafter, draft_ids)
+            if cfg.init_layer == "target":  # read from stock fp32 weights: a prepacked target has no .weight
+                packed = is_packed(self.target.model)
+                stock = load_target(cfg.target, torch.float32, pack="off") if packed else self.target
+                layer_from_target(drafter, decoder_layers(stock.model)[-1])
+                del stock
         self.vocab_coverage = coverage(counts, draft_ids)
         # detached: a Parameter assigned to a module attribute would become a drafter parameter (and be saved)
         drafter.to(self.master_dtype).bind_target_embedding(self.target.embed_weight.detach())
