@@ -11,8 +11,9 @@ target's somewhere. This script takes answer files of the same prompts, one per 
 - on-policy tokens: teacher-forced, the share of an answer's tokens that are the PyTorch target's
   own greedy choice (`--dtype`, float32 by default) given the prompt and the answer so far. This is
   what a drafter trained on the file learns to imitate: a token that is not the target's argmax is one
-  a T=0 verifier would reject. The reference's own figure is the control (about 1 for the
-  target's own greedy answers; below 1 only where re-tokenising the text or a near tie differs).
+  a T=0 verifier would reject. The reference's own figure is the control (1 for the target's own
+  greedy answers scored in the dtype and layout that wrote them; below 1 where they differ, e.g.
+  answers written in batches with prepacked weights and scored one by one with stock ones).
 
 Answers are compared as text re-tokenised by the target's tokenizer (an endpoint returns text).
 
@@ -42,9 +43,9 @@ from anchorspec.models.dtype import argmax_last
 from anchorspec.models.target import load_target
 
 
-def read_answers(path: str) -> dict[str, list[dict]]:
-    """id -> the conversation (prompt turns and the answer) of every record in a regenerate output."""
-    return {rec["id"]: rec["messages"] for _, rec in jsonl_rows(path)}
+def read_answers(path: str) -> dict[str, dict]:
+    """id -> record (`messages`: the prompt turns and the answer; `finish`) of a regenerate output."""
+    return {rec["id"]: rec for _, rec in jsonl_rows(path)}
 
 
 def answer_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -61,13 +62,17 @@ def agreed_prefix(a: list[int], b: list[int]) -> int:
 
 
 @torch.no_grad()
-def on_policy_share(target, messages: list[dict]) -> tuple[int, int]:
-    """(answer tokens the target would itself choose greedily, answer tokens), teacher-forced."""
+def on_policy_share(target, messages: list[dict], cut_off: bool) -> tuple[int, int]:
+    """(answer tokens the target would itself choose greedily, answer tokens), teacher-forced. The
+    template closes every reply with its end-of-turn token; a reply cut off at the token limit never
+    chose it, so `cut_off` leaves that last token unscored."""
     ids, mask = render_with_loss_mask(target.tokenizer, messages)
     x = torch.tensor([ids])
     logits = target.model(input_ids=x).logits[0, :-1]
     choice = argmax_last(logits.float())
     scored = torch.tensor(mask[1:], dtype=torch.bool)
+    if cut_off and scored.any():
+        scored[int(scored.nonzero()[-1])] = False
     return int((choice[scored] == x[0, 1:][scored]).sum()), int(scored.sum())
 
 
@@ -77,6 +82,8 @@ def main(argv=None) -> int:
                    help="a regenerate output; the first is the reference (give at least two)")
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32", help="the target that scores on-policy tokens")
+    p.add_argument("--pack", default="auto", choices=["auto", "on", "off"],
+                   help="weight layout of the scoring target (auto: as `regenerate` loads it)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -90,18 +97,18 @@ def main(argv=None) -> int:
     ids = sorted(set.intersection(*(set(f) for f in files.values())))
     if not ids:
         raise SystemExit("no prompt id is answered in every file")
-    target = load_target(args.target, args.dtype, pack="off")
+    target = load_target(args.target, args.dtype, pack=args.pack)
     tok = target.tokenizer
     ref_name = next(iter(files))
-    ref = {i: answer_ids(tok, files[ref_name][i]) for i in ids}
+    ref = {i: answer_ids(tok, files[ref_name][i]["messages"]) for i in ids}
     rows = {}
     for name, answers in files.items():
         exact, prefix_share, on, scored, lengths = 0, [], 0, 0, []
         for i in ids:
-            mine = answer_ids(tok, answers[i])
+            mine = answer_ids(tok, answers[i]["messages"])
             exact += mine == ref[i]
             prefix_share.append(agreed_prefix(mine, ref[i]) / max(len(mine), len(ref[i]), 1))
-            a, n = on_policy_share(target, answers[i])
+            a, n = on_policy_share(target, answers[i]["messages"], answers[i].get("finish") == "length")
             on, scored = on + a, scored + n
             lengths.append(len(mine))
         rows[name] = {"exact": exact, "prompts": len(ids), "exact_share": exact / len(ids),
