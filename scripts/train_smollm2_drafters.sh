@@ -10,7 +10,8 @@
 #      vocabulary from the grown corpus, keeping the rows of shared tokens) on the whole corpus, identical
 #      data, steps and seed, each on one thread side by side; one feature cache serves both, and it
 #      grows with the corpus (shards keyed by their examples: only the new part is extracted),
-#   5. each run's best-by-acceptance drafter is written in bfloat16 over the release.
+#   5. each run's last step (the end of its schedule; the in-run tau on 4 prompts is too noisy to pick by)
+#      is written in bfloat16 over the release.
 # Every step resumes: re-run the script after an interruption and it continues where it stopped.
 # Budget knobs: SHAREGPT, MAGPIE (prompts to answer), STEPS (optimizer steps of this round).
 set -euo pipefail
@@ -54,5 +55,5 @@ OMP_NUM_THREADS=1 train eagle3.1 --threads 1 --resume & e31=$!
 wait $e3
 wait $e31
 for variant in eagle3 eagle3.1; do
-  anchorspec convert-drafter "$RUN/round-$ROUND/$variant/best" --out "checkpoints/$T-$variant" --dtype bfloat16
+  anchorspec convert-drafter "$RUN/round-$ROUND/$variant/final" --out "checkpoints/$T-$variant" --dtype bfloat16
 done
