@@ -337,7 +337,8 @@ def cmd_train(args) -> int:
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
-        init_from=args.init_from, init_head=args.init_head, init_layer=args.init_layer, revocab=args.revocab, draft_layers=args.draft_layers,
+        init_from=args.init_from, init_head=args.init_head, init_layer=args.init_layer, revocab=args.revocab,
+        draft_layers=args.draft_layers,
         attn_align=args.attn_align, stage=args.stage, accept_slots=args.accept_slots,
         draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,

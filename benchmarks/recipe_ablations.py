@@ -151,7 +151,8 @@ def report(root: Path, args) -> None:
         print(f"no evaluated arms under {root} yet")
         return
     base = next((r for r in rows if r["arm"] == "base"), None)
-    lines = [f"{args.steps} steps x {2048} tokens, TTT/lr/vocab as in the base unless the row changes it; "
+    batch = BASE_ARGS[BASE_ARGS.index("--batch-tokens") + 1]
+    lines = [f"{args.steps} steps x {batch} tokens, TTT/lr/vocab as in the base unless the row changes it; "
              f"tau: MT-bench 1-{rows[0]['prompts']}, {rows[0]['dtype']}, tree {rows[0]['shape']} forced", "",
              "| arm | differs from base | held-out acc per TTT step | draft-vocab coverage | tau T=0 | vs base | "
              "tau T=1 | train tok/s |", "|---|---|---|---|---|---|---|---|"]

@@ -1,6 +1,6 @@
 """benchmarks/recipe_ablations.py and endpoint_agreement.py: an arm changes exactly its own flags on
 top of the base recipe, one arm is trained by one process at a time (a killed owner's lock is taken
-over), and the agreement figures count what they claim on hand-made answers."""
+over), and endpoint_agreement's agreed prefix counts the tokens before the first difference."""
 
 import os
 import sys

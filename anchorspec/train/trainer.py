@@ -99,14 +99,11 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        if self.init_head not in ("random", "target"):
-            raise AnchorspecError(f"--init-head must be random or target, got {self.init_head!r}")
-        if self.init_from is not None and self.init_head != "random":
-            raise AnchorspecError("--init-head applies to a new drafter; --init-from keeps the drafter's own head")
-        if self.init_layer not in ("random", "target"):
-            raise AnchorspecError(f"--init-layer must be random or target, got {self.init_layer!r}")
-        if self.init_from is not None and self.init_layer != "random":
-            raise AnchorspecError("--init-layer applies to a new drafter; --init-from keeps the drafter's own layer")
+        for part, value in (("head", self.init_head), ("layer", self.init_layer)):  # --init-head, --init-layer
+            if value not in ("random", "target"):
+                raise AnchorspecError(f"--init-{part} must be random or target, got {value!r}")
+            if self.init_from is not None and value != "random":
+                raise AnchorspecError(f"--init-{part} applies to a new drafter; --init-from keeps the drafter's own {part}")
         if self.revocab and self.init_from is None:
             raise AnchorspecError("--revocab re-selects a continued drafter's vocabulary: it needs --init-from")
         if self.init_from is None:  # flags left out: a new drafter's defaults
