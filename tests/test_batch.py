@@ -256,6 +256,28 @@ def test_batch_forward_equals_solo_tree_forward(family):
     torch.testing.assert_close(sub.logits[1], out.logits[0], rtol=0, atol=1e-10)
 
 
+def test_rows_out_of_slot_order_read_the_cache_through_views(monkeypatch):
+    """A round's rows in any order (releases shuffle slots) run in slot order: every layer's cache is
+    a view of the buffers, no row is gathered, and each result still goes back to its own row."""
+    from anchorspec.decode import batch as batch_mod
+
+    target = tiny_target("llama")
+    prompts, trees = trees_and_prompts()
+    kv, slots = attached(target, prompts)
+    in_order = batch_forward(target, slots, trees)
+    caches = []
+    real = batch_mod.ForwardCache
+    monkeypatch.setattr(batch_mod, "ForwardCache", lambda *a, **k: caches.append(real(*a, **k)) or caches[-1])
+    shuffled = [2, 0, 1]
+    out = batch_forward(target, [slots[b] for b in shuffled], [trees[b] for b in shuffled])
+    assert [c.consecutive for c in caches] == [True]
+    for k, b in enumerate(shuffled):
+        torch.testing.assert_close(out.logits[k], in_order.logits[b], rtol=0, atol=1e-10)
+        torch.testing.assert_close(out.aux[k], in_order.aux[b], rtol=0, atol=1e-10)
+    # negative control: the same rows handed to the cache unsorted would be gathered
+    assert not real(kv, [slots[b].index for b in shuffled], [0, 0, 0], 1, 4).consecutive
+
+
 def test_batch_mask_and_positions_are_the_solo_ones():
     _, trees = trees_and_prompts()
     past = [5, 11, 2]

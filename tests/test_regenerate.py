@@ -691,3 +691,79 @@ def test_duplicate_prompts_are_not_answered(capsys, tmp_path, target_dir):
     assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == 2
     assert sorted(r["id"] for r in read_records(out)) == ["dup.jsonl:0", "dup.jsonl:4"]
     assert "2 prompts skipped" in err
+
+
+# --------------------------------------------------------------------------------------------
+# continuing packed conversations (--turns later)
+# --------------------------------------------------------------------------------------------
+
+def test_turns_later_continues_after_the_packed_first_reply(target, target_dir, conversations, tmp_path, capsys):
+    """The first turns are answered and packed; `--turns later` asks the later user turns after
+    exactly those packed replies, and pack-corpus trains only on the new replies."""
+    from anchorspec.data.chat import render_with_loss_mask
+    from anchorspec.data.corpus import pack_answers, packed_conversations
+    from anchorspec.data.regenerate import LATER, continue_conversations
+
+    first_out, corpus = tmp_path / "first.jsonl", tmp_path / "corpus"
+    regenerate(target, [PromptItem(it.id, it.messages) for it in conversations], first_out,
+               max_new_tokens=TURN_NEW, batch_size=4, progress=False)
+    pack_answers([str(first_out)], corpus, str(target_dir), eval_data=None)
+    firsts = {r["id"]: r for r in read_records(first_out)}
+
+    single = PromptItem("one:0", [{"role": "user", "content": "w1 w2"}])
+    unpacked = PromptItem("new:0", [{"role": "user", "content": "w1 w2"}], ("w3",))
+    cont = continue_conversations(conversations + [single, unpacked], corpus, target.tokenizer)
+    assert (cont.single_turn, cont.not_packed, cont.mismatched) == (1, 1, 0)
+    assert len(cont.items) == len(conversations)
+    for it in cont.items:
+        pid = it.id.removesuffix(LATER)
+        assert it.id == pid + LATER and it.context_replies == 1
+        assert it.messages[:-1] == firsts[pid]["messages"]  # the packed reply, as the target wrote it
+        assert it.messages[-1]["role"] == "user"
+    # negative control: a prompt that is not the packed one's does not continue its reply
+    changed = PromptItem(conversations[1].id, [{"role": "user", "content": "w9 w9 w9"}], ("w3",))
+    assert continue_conversations([changed], corpus, target.tokenizer).mismatched == 1
+
+    later_out = tmp_path / "later.jsonl"
+    report = regenerate(target, cont.items, later_out, max_new_tokens=TURN_NEW, batch_size=4, progress=False)
+    recs = {r["id"]: r for r in read_records(later_out)}
+    assert sorted(recs) == sorted(it.id for it in cont.items) and report["answered"] == len(cont.items)
+    for it in cont.items:
+        want = expected_conversation(target, it, TURN_NEW, 1024)  # turn by turn, each decoded alone
+        assert {k: recs[it.id][k] for k in want} == want and recs[it.id]["context_replies"] == 1
+
+    parts_before = len(list(corpus.glob("part-*.npz")))
+    pack_answers([str(later_out)], corpus, str(target_dir), eval_data=None)
+    assert len(list(corpus.glob("part-*.npz"))) == parts_before + 1
+    packed = packed_conversations(corpus, set(recs))
+    assert sorted(packed) == sorted(recs)
+    for pid, (tokens, loss) in packed.items():
+        ids, full = render_with_loss_mask(target.tokenizer, recs[pid]["messages"])
+        first_ids, first_loss = render_with_loss_mask(target.tokenizer, firsts[pid.removesuffix(LATER)]["messages"])
+        assert tokens == ids and tokens[:len(first_ids)] == first_ids
+        assert loss[:len(first_ids)] == [0] * len(first_ids)  # the first reply is context here
+        assert loss[len(first_ids):] == full[len(first_ids):] and sum(first_loss) > 0
+
+
+def test_turns_later_needs_its_corpus(capsys, tmp_path, target_dir, prompts_file):
+    code, _, err = run_cli(capsys, "--target", target_dir, "--data", prompts_file, "--out", tmp_path / "o.jsonl",
+                           "--turns", "later")
+    assert code == 2 and "--turns later and --continue-from CORPUS_DIR go together" in err
+    code, _, err = run_cli(capsys, "--target", target_dir, "--data", prompts_file, "--out", tmp_path / "o.jsonl",
+                           "--turns", "later", "--continue-from", tmp_path)
+    assert code == 2 and "not a corpus folder" in err
+
+
+def test_context_replies_mask_only_the_later_replies(target):
+    from anchorspec.data.chat import render_with_loss_mask
+
+    conv = [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2 w3"},
+            {"role": "user", "content": "w4"}, {"role": "assistant", "content": "w5"}]
+    ids, full = render_with_loss_mask(target.tokenizer, conv)
+    ids2, later = render_with_loss_mask(target.tokenizer, conv, context_replies=1)
+    cut = len(render_with_loss_mask(target.tokenizer, conv[:2])[0])
+    assert ids2 == ids and later[:cut] == [0] * cut and later[cut:] == full[cut:]
+    assert 0 < sum(later) < sum(full)
+    assert sum(render_with_loss_mask(target.tokenizer, conv, context_replies=2)[1]) == 0
+    with pytest.raises(AnchorspecError, match="context_replies 3"):
+        render_with_loss_mask(target.tokenizer, conv, context_replies=3)

@@ -102,9 +102,10 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     return full, spans
 
 
-def render_with_loss_mask(tokenizer, conversation: Sequence[dict], system: System | str | None = KEEP
-                          ) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask) for one conversation; loss_mask[t] = 1 for tokens of assistant replies.
+def render_with_loss_mask(tokenizer, conversation: Sequence[dict], system: System | str | None = KEEP,
+                          context_replies: int = 0) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) for one conversation; loss_mask[t] = 1 for tokens of assistant replies,
+    except the first `context_replies` of them (context another record already trains on).
 
     The text is tokenized once, without extra special tokens (the template already writes BOS), so
     input_ids are exactly what the target sees. A token is masked when its character span lies
@@ -117,6 +118,9 @@ def render_with_loss_mask(tokenizer, conversation: Sequence[dict], system: Syste
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise AnchorspecError(f"message {k} must have role in {ROLES} and string content, got {m!r:.80}")
     text, spans = assistant_spans(tokenizer, messages)
+    if not 0 <= context_replies <= len(spans):
+        raise AnchorspecError(f"context_replies {context_replies} for a conversation of {len(spans)} assistant replies")
+    spans = spans[context_replies:]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     mask = [0] * len(ids)

@@ -110,6 +110,28 @@ def read_corpus(folder: str | Path, vocab_size: int | None = None) -> list[Corpu
     return out
 
 
+def packed_conversations(folder: str | Path, ids: set[str]) -> dict[str, tuple[list[int], list[int]]]:
+    """{id: (token ids, loss mask)} of the packed conversations with these record ids (a part's
+    provenance lists its records' ids in order; parts without ids are skipped)."""
+    folder = Path(folder)
+    if not is_corpus(folder):
+        raise AnchorspecError(f"{folder} is not a corpus folder (no part-*.npz)")
+    out = {}
+    for npz in sorted(folder.glob("part-*.npz")):
+        part_ids = json.loads(npz.with_suffix(".json").read_text()).get("ids") or []
+        rows = [k for k, pid in enumerate(part_ids) if pid in ids]
+        if not rows:
+            continue
+        with np.load(npz) as z:
+            tokens, offsets, loss = z["tokens"].astype(np.int64), z["offsets"], z["loss"]
+        if len(offsets) - 1 != len(part_ids):
+            raise AnchorspecError(f"{npz}: {len(offsets) - 1} conversations but {len(part_ids)} ids in its provenance")
+        for k in rows:
+            a, b = int(offsets[k]), int(offsets[k + 1])
+            out[part_ids[k]] = (tokens[a:b].tolist(), loss[a:b].tolist())
+    return out
+
+
 def corpus_summary(folder: str | Path) -> dict:
     """Totals over a corpus's parts, from their provenance files (for model cards and logs)."""
     metas = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("part-*.json"))]
@@ -169,7 +191,7 @@ def pack_answers(answer_files: list[str], folder: str | Path, target: str, eval_
         parts.append(str(write_part(folder, [p for _, p in batch], len(tokenizer), prov)))
 
     for r in kept:
-        pair = render_with_loss_mask(tokenizer, r["messages"], KEEP)
+        pair = render_with_loss_mask(tokenizer, r["messages"], KEEP, context_replies=int(r.get("context_replies", 0)))
         batch.append((r, pair))
         tokens += len(pair[0])
         if tokens >= max_tokens_per_part:

@@ -9,6 +9,9 @@ stopped. Lines are in the order answers finish; ids say which prompt a line answ
 ``turns="all"`` a line is a whole conversation: every user turn of the source answered in order,
 each after the target's own previous reply (the source's replies are dropped), until a reply is cut
 off or the next prompt would exceed the prompt budget; ``new_tokens`` then counts all its replies.
+``turns="later"`` (`continue_conversations`) answers only the turns after the first, continuing from
+the target's first reply as a corpus already holds it: the line's id is the conversation's plus
+``#later`` and ``"context_replies": 1`` tells `pack-corpus` not to train on that reply twice.
 
 Two engines, same records:
   - local (`regenerate`): continuous batching over the project's own batched rounds
@@ -35,7 +38,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from anchorspec.decode.engine import GenerationConfig, GenerationResult, PlainDecoding
@@ -67,6 +70,7 @@ class PromptItem:
     id: str
     messages: list[dict]  # the conversation up to (not including) the reply to generate
     later_turns: tuple[str, ...] = ()  # the user's next turns, answered in order (`turns="all"`)
+    context_replies: int = 0  # leading assistant replies that are context, not training targets (`turns="later"`)
 
 
 TURNS = ("first", "all")
@@ -140,6 +144,52 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
     return items
 
 
+LATER = "#later"  # id suffix of a conversation continued past the reply a corpus holds
+
+
+@dataclass
+class Continued:
+    items: list[PromptItem]  # ready to answer: first turn, its packed reply, the second user turn
+    single_turn: int = 0  # no later user turn to ask
+    not_packed: int = 0  # the corpus holds no reply to their first turn
+    mismatched: int = 0  # the packed conversation does not re-render from this prompt and reply
+
+
+def continue_conversations(items: list[PromptItem], corpus, tokenizer) -> Continued:
+    """Conversations (read with ``turns="all"``) whose first turn `corpus` already answered, as items
+    that ask their later user turns after that packed reply (what ``--turns later`` answers).
+
+    The reply is the first assistant span of the packed conversation, decoded; it is used only if
+    the prompt plus that reply render back to exactly the packed tokens, so the context is the one the
+    corpus trains on (a prompt changed since, or a tokenizer that does not round-trip, is skipped)."""
+    from .chat import KEEP, render_with_loss_mask
+    from .corpus import packed_conversations
+
+    out = Continued([])
+    wanted = {}
+    for it in items:
+        if not it.later_turns:
+            out.single_turn += 1
+        else:
+            wanted[it.id] = it
+    packed = packed_conversations(corpus, set(wanted))
+    for pid, it in wanted.items():
+        if pid not in packed:
+            out.not_packed += 1
+            continue
+        tokens, loss = packed[pid]
+        start = loss.index(1) if 1 in loss else len(loss)
+        end = next((t for t in range(start, len(loss)) if not loss[t]), len(loss))
+        reply = tokenizer.decode(tokens[start:end], skip_special_tokens=True)
+        first = it.messages + [{"role": "assistant", "content": reply}]
+        if start == len(loss) or render_with_loss_mask(tokenizer, first, KEEP)[0] != tokens:
+            out.mismatched += 1
+            continue
+        out.items.append(PromptItem(pid + LATER, first + [{"role": "user", "content": it.later_turns[0]}],
+                                    it.later_turns[1:], context_replies=1))
+    return out
+
+
 def unique_prompts(items: list[PromptItem], answered_ids=frozenset()) -> tuple[list[PromptItem], int]:
     """`items` less those whose user turns (normalised, as `pack-corpus` compares them:
     decontaminate.dedupe_key) repeat an earlier item's or an answered item's (id in `answered_ids`),
@@ -208,6 +258,8 @@ class RecordWriter:
     def add(self, item: PromptItem, reply: str, finish: str, new_tokens: int) -> None:
         rec = {"id": item.id, "messages": item.messages + [{"role": "assistant", "content": reply}],
                "finish": finish, "new_tokens": new_tokens}
+        if item.context_replies:  # pack-corpus masks their loss: the corpus already trains on them
+            rec["context_replies"] = item.context_replies
         self._lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
         self.done.add(item.id)
         if len(self._lines) >= self.flush_every or time.monotonic() - self._last_flush >= self.flush_seconds:
@@ -389,7 +441,7 @@ def regenerate(target, items: list[PromptItem], out_path, *, max_new_tokens: int
                     batcher.add(AnswerRequest(_Turn(turn.item, messages, turn.index + 1, done_tokens), ids,
                                               prompt_seed(seed, f"{turn.item.id}#{turn.index + 1}")))
                     continue
-            writer.add(PromptItem(turn.item.id, turn.messages), reply, res.finish_reason, done_tokens)
+            writer.add(replace(turn.item, messages=turn.messages, later_turns=()), reply, res.finish_reason, done_tokens)
             bar.update(1)
             bar.set_postfix_str(f"{batcher.new_tokens / (time.perf_counter() - t0):.1f} new tok/s")
         bar.close()
@@ -542,7 +594,7 @@ def regenerate_endpoint(endpoint: str, items: list[PromptItem], out_path, *, con
                     if tokenizer is not None and len(prompt_ids(tokenizer, following)) > max_prompt_tokens:
                         break
                     messages = following
-                return PromptItem(it.id, messages), reply, finish, total
+                return replace(it, messages=messages, later_turns=()), reply, finish, total
 
             futures = [pool.submit(conversation, it) for it in send]
             for future in as_completed(futures):

@@ -29,7 +29,7 @@ import torch
 from ..errors import AnchorspecError
 from ..models.drafter import Eagle3Drafter
 from ..models.masks import CAUSAL, additive_mask
-from .batch import ForwardCache, KVSlot, padded_allowed
+from .batch import ForwardCache, KVSlot, inverse, padded_allowed, slot_order
 
 WIDE = 32  # passes with more new tokens (a prompt, a long plain stretch) batch only with passes of similar size
 
@@ -162,6 +162,10 @@ def _forward(passes: list[DraftPass]) -> list[PassOutput]:
         kv.check(p.cache)
         if p.past < p.cache.length:
             raise AnchorspecError(f"drafter pass after {p.past} rows, but the slot holds {p.cache.length} committed")
+    order = slot_order([p.cache.index for p in passes])
+    if order is not None:  # rows in slot order, so the cache is read through views (decode/batch.py)
+        outs = _forward([passes[b] for b in order])
+        return [outs[k] for k in inverse(order)]
     past = [p.past for p in passes]
     width = max(p.size for p in passes)
     kv_len = max(past) + width
