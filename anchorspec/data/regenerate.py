@@ -161,7 +161,9 @@ def continue_conversations(items: list[PromptItem], corpus, tokenizer) -> Contin
 
     The reply is the first assistant span of the packed conversation, decoded; it is used only if
     the prompt plus that reply render back to exactly the packed tokens, so the context is the one the
-    corpus trains on (a prompt changed since, or a tokenizer that does not round-trip, is skipped)."""
+    corpus trains on (a prompt changed since, or a tokenizer that does not round-trip, is skipped).
+    Parts keep no per-record finish, so a packed reply may have been cut at its answer budget; the
+    next turn then follows the cut reply, as it would for a client that capped max_tokens."""
     from .chat import KEEP, render_with_loss_mask
     from .corpus import packed_conversations
 
