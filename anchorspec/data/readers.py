@@ -24,7 +24,7 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt"
 PROMPT_FIELDS = ("prompt", "instruction", "question")
 
 
-def _read_text(path) -> str:
+def read_text(path) -> str:
     path = Path(path)
     if not path.is_file():
         raise AnchorspecError(f"data file {path} does not exist")
@@ -48,7 +48,7 @@ def jsonl_lines(text: str) -> list[str]:
 
 def jsonl_rows(path, text: str | None = None) -> Iterator[tuple[int, object]]:
     """(line number, decoded value) for each non-blank line."""
-    for n, line in enumerate(jsonl_lines(_read_text(path) if text is None else text), 1):
+    for n, line in enumerate(jsonl_lines(read_text(path) if text is None else text), 1):
         if not line.strip():
             continue
         try:
@@ -146,7 +146,7 @@ def read_sharegpt(path, stats: ReadStats | None = None) -> Iterator[list[dict]]:
     ``stats`` to learn how many were recovered (also logged once the file is exhausted).
     """
     stats = stats if stats is not None else ReadStats()
-    text = _read_text(path)
+    text = read_text(path)
     for line, item in iter_json_array(text, path, stats):
         if not isinstance(item, dict) or not isinstance(item.get("conversations"), list):
             raise AnchorspecError(f"{path}:{line}: expected an object with a 'conversations' list, got {item!r:.80}")
@@ -161,7 +161,7 @@ def read_sharegpt(path, stats: ReadStats | None = None) -> Iterator[list[dict]]:
              path, stats.items, stats.kept, stats.dropped, tail)
 
 
-def _check_message(msg, where: str, k: int) -> dict:
+def check_message(msg, where: str, k: int) -> dict:
     if not isinstance(msg, dict) or msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
         raise AnchorspecError(f"{where}: message {k} must have role in {ROLES} and string content, got {msg!r:.80}")
     return {"role": msg["role"], "content": msg["content"]}
@@ -173,7 +173,7 @@ def read_messages_jsonl(path) -> list[list[dict]]:
     for n, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row["messages"]:
             raise AnchorspecError(f"{path}:{n}: expected an object with a non-empty 'messages' list")
-        out.append([_check_message(m, f"{path}:{n}", k) for k, m in enumerate(row["messages"])])
+        out.append([check_message(m, f"{path}:{n}", k) for k, m in enumerate(row["messages"])])
     return out
 
 
@@ -207,7 +207,7 @@ def prompt_text(row, where: str) -> str:
 def read_prompts(path, field: str | None = None) -> list[str]:
     """Prompt strings from a JSON array or JSONL (the one prompt reader of the CLI): rows as in
     `prompt_text`, or every row's ``field`` when given (e.g. GSM8K ``question``)."""
-    text = _read_text(path)
+    text = read_text(path)
     if text.lstrip("\ufeff \t\r\n").startswith("["):
         rows = list(iter_json_array(text, path))
         if not text.rstrip().endswith("]"):

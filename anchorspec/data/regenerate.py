@@ -47,7 +47,7 @@ from anchorspec.decode.sampling import SamplingParams
 from anchorspec.errors import AnchorspecError
 
 from .chat import prompt_ids
-from .readers import (ReadStats, jsonl_lines, _check_message, _read_text, iter_json_array, jsonl_rows, prompt_text,
+from .readers import (ReadStats, jsonl_lines, check_message, read_text, iter_json_array, jsonl_rows, prompt_text,
                       sharegpt_to_conversation)
 
 SHAREGPT_ALIAS = "sharegpt"
@@ -105,7 +105,7 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
     real = sharegpt_dump_path() if path == SHAREGPT_ALIAS else Path(path)
     name = SHAREGPT_ALIAS if path == SHAREGPT_ALIAS else real.name
     items: list[PromptItem] = []
-    text = _read_text(real)
+    text = read_text(real)
     head = text.lstrip("\ufeff \t\r\n")
     if head.startswith("["):
         first = None
@@ -129,7 +129,7 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
     else:
         for i, (line, row) in enumerate(jsonl_rows(real, text)):
             if isinstance(row, dict) and isinstance(row.get("messages"), list):
-                conv = [_check_message(m, f"{real}:{line}", k) for k, m in enumerate(row["messages"])]
+                conv = [check_message(m, f"{real}:{line}", k) for k, m in enumerate(row["messages"])]
                 msgs = _first_user_prefix(conv)
                 if msgs is None:
                     raise AnchorspecError(f"{real}:{line}: 'messages' holds no user turn")

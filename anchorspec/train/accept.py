@@ -32,7 +32,7 @@ from ..errors import AnchorspecError
 from ..models.drafter import Eagle3Drafter
 from ..models.masks import additive_mask
 from ..models.target import Target
-from .ttt import _score_dtype, context_mask, unroll_step
+from .ttt import score_dtype, context_mask, unroll_step
 
 
 def acceptance_rates(p_draft: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -101,7 +101,7 @@ def draft_chains(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Ten
         if k > 0:
             h, normed, _ = unroll_step(drafter, F.embedding(tokens[-1], embed).to(dtype), x_in, k, kv0s, diags,
                                        allowed, slots=slots)
-        lg = drafter.lm_head(normed).to(_score_dtype(normed.dtype))
+        lg = drafter.lm_head(normed).to(score_dtype(normed.dtype))
         logits.append(lg)
         tokens.append(d2t[lg.detach().argmax(-1)])
         x_in = drafter.fed_back(h, normed)

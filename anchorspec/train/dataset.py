@@ -16,7 +16,7 @@ from pathlib import Path
 from anchorspec.errors import AnchorspecError
 
 from ..data.chat import DROP, KEEP, System, render_with_loss_mask
-from ..data.readers import ReadStats, _read_text, jsonl_rows, read_sharegpt
+from ..data.readers import ReadStats, read_text, jsonl_rows, read_sharegpt
 from ..data.regenerate import SHAREGPT_ALIAS, sharegpt_dump_path
 
 
@@ -41,7 +41,7 @@ def read_conversations(path: str) -> list[list[dict]]:
     """Conversations from ``sharegpt`` (the PyPI dump), a ShareGPT JSON array, or JSONL with
     ``messages`` (what ``anchorspec regenerate`` writes, and OpenAI-style chat data)."""
     real = sharegpt_dump_path() if path == SHAREGPT_ALIAS else Path(path)
-    text = _read_text(real)
+    text = read_text(real)
     if text.lstrip("\ufeff \t\r\n").startswith("["):
         return list(read_sharegpt(real, ReadStats()))
     out = []

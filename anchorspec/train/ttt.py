@@ -73,7 +73,7 @@ class TTTOutput:
     drafter_attn: torch.Tensor | None = None  # [B, T, T] head-mean step-0 attention of the first layer (then too)
 
 
-def _score_dtype(dtype: torch.dtype) -> torch.dtype:
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -85,7 +85,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, p):
-        x = logits.to(_score_dtype(logits.dtype))
+        x = logits.to(score_dtype(logits.dtype))
         lse = torch.logsumexp(x, dim=-1)
         ce = lse - torch.linalg.vecdot(x, p.to(x.dtype))
         ctx.save_for_backward(x, p, lse)
@@ -123,7 +123,7 @@ def _ttt_attention(attn, u, cos, sin, k, kv0, diag, allowed0):
         diag.append((key, val))
     K0, V0 = kv0
     T0 = K0.shape[2]  # context keys (= T, or more when the queries are a subset of the slots)
-    sdt = _score_dtype(q.dtype)
+    sdt = score_dtype(q.dtype)
     scale = 1.0 / math.sqrt(c.head_dim)
     qs = q.to(sdt)
     scores0 = (qs @ K0.to(sdt).transpose(-1, -2)) * scale  # [B,nh,T,T]
@@ -217,7 +217,7 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
     # The soft targets of every slot, once: step k reads the window [k+1, k+1+n) of the same rows.
     with torch.no_grad():
         Z_all = target_logits.detach()
-        Z_all = Z_all.to(_score_dtype(Z_all.dtype))
+        Z_all = Z_all.to(score_dtype(Z_all.dtype))
         if draft_space:
             representable_all = target_in_draft.to(device).bool()
         else:
@@ -239,7 +239,7 @@ def ttt_forward(drafter: Eagle3Drafter, aux: torch.Tensor, input_ids: torch.Tens
         x_in = drafter.fed_back(h, normed)
         n = T - k - 2  # slots t with t + k + 2 < T: the head runs only where a prediction is scored
         if return_logits:
-            all_logits.append(drafter.lm_head(normed).to(_score_dtype(normed.dtype)))
+            all_logits.append(drafter.lm_head(normed).to(score_dtype(normed.dtype)))
         if n <= 0:
             zero = normed.sum() * 0
             losses.append(zero)
