@@ -93,6 +93,30 @@ def test_lockstep_drafting_equals_solo_drafting(variant, params):
     assert lock.widest == len(SHAPES)
 
 
+def test_passes_out_of_slot_order_read_the_drafter_cache_through_views(monkeypatch):
+    """Sequences drafting in an order other than their slots' (releases shuffle slots) run in slot
+    order: no drafter forward gathers its cache rows, and each gets its own solo draft."""
+    _, drafter, seqs = setup()
+    seqs = [s for s, n in zip(seqs, CONTEXTS) if n < WIDE]  # one forward per level over all of them
+    kv = BatchKV(slots=2, capacity=8)
+    solo = [EagleProposer(drafter) for _ in seqs]
+    batched = [EagleProposer(drafter) for _ in seqs]
+    for p in batched:
+        p.use_slot(kv.attach_rows(*p.cache_rows()))
+    real, caches = drafting.ForwardCache, []
+    monkeypatch.setattr(drafting, "ForwardCache", lambda *a, **k: caches.append(real(*a, **k)) or caches[-1])
+    params = SamplingParams()
+    args = [(t, a, TreeShape(2, 3, 6), params, i) for i, (t, a) in enumerate(seqs)]
+    order = [2, 0, 3, 1]
+    lock = run_lockstep([draft_program(batched[i], *args[i]) for i in order])
+    assert len(caches) == 3 and all(c.consecutive and c.batch == 4 for c in caches)
+    for k, i in enumerate(order):
+        want = run_program(draft_program(solo[i], *args[i]))
+        assert lock.results[k].tokens.tolist() == want.tokens.tolist() and lock.results[k].parents == want.parents
+    # negative control: those rows handed to the cache unsorted would be gathered
+    assert not real(kv, [batched[i].cache.index for i in order], [0] * len(order), 1, 4).consecutive
+
+
 def spy_layer(monkeypatch, drafter) -> list[tuple[int, int]]:
     """Records (sequences, padded width) of every drafter layer call."""
     calls = []
