@@ -13,6 +13,7 @@ batch tokens, data order and seed, and differs from `base` in one flag:
     ttt-2, ttt-7     --ttt-steps 2 / 7
     lr-1e-4, lr-1e-3 --lr 1e-4 / 1e-3
     raw-sharegpt     --data sharegpt      (ShareGPT's own answers instead of the target's)
+    layers-2         --draft-layers 2     (two decoder layers from scratch: issue 15's depth test)
 
 Then tau on MT-bench first turns (float32, speculation forced on one tree, T=0 and T=1 seeded: a
 property of the drafter, the scaling curve's measure). Everything is resumable: an arm whose
@@ -52,6 +53,7 @@ ARMS: dict[str, tuple[str, list[str]]] = {  # name -> (what differs, flags that 
     "lr-1e-4": ("--lr 1e-4", ["--lr", "1e-4"]),
     "lr-1e-3": ("--lr 1e-3", ["--lr", "1e-3"]),
     "raw-sharegpt": ("--data sharegpt (ShareGPT's own answers)", ["--data", "sharegpt"]),
+    "layers-2": ("--draft-layers 2", ["--draft-layers", "2"]),
 }
 
 
