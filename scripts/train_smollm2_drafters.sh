@@ -42,10 +42,10 @@ regen magpie "$RUN/magpie-prompts.jsonl"
 regen sharegpt sharegpt --limit-per-source "$SHAREGPT"
 regen gsm8k-alpaca "$SHARED/gsm8k/train.jsonl" "$SHARED/alpaca_eval/outputs.json" --limit-per-source 600
 # ShareGPT's later user turns, after the first replies the corpus already holds (its records train on the new
-# replies only); 768 prompt + 256 new tokens keep every record within train's --max-len 1024
+# replies only); 766 prompt + 256 new + 2 closing tokens keep every record within train's --max-len 1024
 anchorspec regenerate --target $T --out "$RUN/answers-sharegpt-later.jsonl" --data sharegpt --turns later \
   --continue-from "$CORPUS" --skip-packed "$CORPUS" --limit-per-source "$LATER" --batch-size 32 \
-  --max-new-tokens 256 --max-prompt-tokens 768 --seed 0 --threads 1
+  --max-new-tokens 256 --max-prompt-tokens 766 --seed 0 --threads 1
 anchorspec pack-corpus "$RUN"/answers-*.jsonl --target $T --out "$CORPUS" --eval-data "$SHARED" \
   --info temperature=0 --info max_new_tokens=256 --info "engine=anchorspec regenerate (continuous batching)"
 
