@@ -18,8 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from anchorspec.api import load  # noqa: E402
@@ -47,7 +45,7 @@ def recording(controller):
 
 def run(engine, ids, control: str | None, base: TreeShape, max_new: int) -> dict:
     cfg = GenerationConfig(max_new_tokens=max_new, stop_token_ids=engine.stop_token_ids())
-    if control is None:  # the fixed chain: a controller-free shape, steps counted from the stats
+    if control is None:  # the fixed chain: no controller, so no per-step log (tau from the stats)
         res = generate_speculative(engine.target, engine.proposer, ids, cfg, base)
         return {"tokens": res.token_ids, "steps": None, "tau": res.stats.tau}
     controller = DEPTH_CONTROLS[control](base, min_depth=1, max_depth=base.depth + 3)
@@ -112,7 +110,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.chain < 1 or args.max_new_tokens < 1:
         p.error("--chain and --max-new-tokens must be >= 1")
-    torch.manual_seed(0)
     engine = load(args.target, args.drafter, dtype=args.dtype, threads=args.threads, fallback=False, pack="off",
                   remember=False)
     ids = engine.encode(args.prompt, chat=True, system=None)

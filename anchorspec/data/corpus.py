@@ -93,21 +93,29 @@ def read_corpus(folder: str | Path, vocab_size: int | None = None) -> list[Corpu
         raise AnchorspecError(f"{folder}: no corpus parts (part-*.npz)")
     out = []
     for npz in parts:
-        meta_path = npz.with_suffix(".json")
-        if not meta_path.is_file():
-            raise AnchorspecError(f"{npz}: its provenance {meta_path.name} is missing")
-        meta = json.loads(meta_path.read_text())
-        blob = npz.read_bytes()
-        if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
-            raise AnchorspecError(f"{npz}: sha256 differs from {meta_path.name} (corrupt or partly copied)")
-        if vocab_size is not None and meta.get("vocab_size") != vocab_size:
-            raise AnchorspecError(f"{npz}: made for a vocabulary of {meta.get('vocab_size')} tokens, "
-                                  f"the target has {vocab_size}")
-        with np.load(io.BytesIO(blob)) as z:
-            tokens, offsets, loss = z["tokens"].astype(np.int64), z["offsets"], z["loss"]
+        tokens, offsets, loss = _part_arrays(npz, _part_meta(npz), vocab_size)
         for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
             out.append(CorpusExample(tokens[a:b].tolist(), loss[a:b].tolist()))
     return out
+
+
+def _part_meta(npz: Path) -> dict:
+    meta_path = npz.with_suffix(".json")
+    if not meta_path.is_file():
+        raise AnchorspecError(f"{npz}: its provenance {meta_path.name} is missing")
+    return json.loads(meta_path.read_text())
+
+
+def _part_arrays(npz: Path, meta: dict, vocab_size: int | None = None):
+    """(tokens int64, offsets, loss) of one part, after checking its hash and vocabulary against `meta`."""
+    blob = npz.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+        raise AnchorspecError(f"{npz}: sha256 differs from {npz.with_suffix('.json').name} (corrupt or partly copied)")
+    if vocab_size is not None and meta.get("vocab_size") != vocab_size:
+        raise AnchorspecError(f"{npz}: made for a vocabulary of {meta.get('vocab_size')} tokens, "
+                              f"the target has {vocab_size}")
+    with np.load(io.BytesIO(blob)) as z:
+        return z["tokens"].astype(np.int64), z["offsets"], z["loss"]
 
 
 def packed_conversations(folder: str | Path, ids: set[str]) -> dict[str, tuple[list[int], list[int]]]:
@@ -118,12 +126,12 @@ def packed_conversations(folder: str | Path, ids: set[str]) -> dict[str, tuple[l
         raise AnchorspecError(f"{folder} is not a corpus folder (no part-*.npz)")
     out = {}
     for npz in sorted(folder.glob("part-*.npz")):
-        part_ids = json.loads(npz.with_suffix(".json").read_text()).get("ids") or []
+        meta = _part_meta(npz)
+        part_ids = meta.get("ids") or []
         rows = [k for k, pid in enumerate(part_ids) if pid in ids]
         if not rows:
             continue
-        with np.load(npz) as z:
-            tokens, offsets, loss = z["tokens"].astype(np.int64), z["offsets"], z["loss"]
+        tokens, offsets, loss = _part_arrays(npz, meta)
         if len(offsets) - 1 != len(part_ids):
             raise AnchorspecError(f"{npz}: {len(offsets) - 1} conversations but {len(part_ids)} ids in its provenance")
         for k in rows:

@@ -180,11 +180,14 @@ def continue_conversations(items: list[PromptItem], corpus, tokenizer) -> Contin
             out.not_packed += 1
             continue
         tokens, loss = packed[pid]
-        start = loss.index(1) if 1 in loss else len(loss)
+        if 1 not in loss:  # no reply to continue
+            out.mismatched += 1
+            continue
+        start = loss.index(1)
         end = next((t for t in range(start, len(loss)) if not loss[t]), len(loss))
         reply = tokenizer.decode(tokens[start:end], skip_special_tokens=True)
         first = it.messages + [{"role": "assistant", "content": reply}]
-        if start == len(loss) or render_with_loss_mask(tokenizer, first, KEEP)[0] != tokens:
+        if render_with_loss_mask(tokenizer, first, KEEP)[0] != tokens:
             out.mismatched += 1
             continue
         out.items.append(PromptItem(pid + LATER, first + [{"role": "user", "content": it.later_turns[0]}],
