@@ -365,6 +365,7 @@ def cmd_train(args) -> int:
         grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, heldout=args.heldout, system=args.system,
         system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every, eval_every=args.eval_every,
         save_every=args.save_every, eval_prompts=args.eval_prompts, eval_new_tokens=args.eval_new_tokens,
+        eval_replay=args.eval_replay,
         feature_cache=args.feature_cache, resume=args.resume, progress=not args.no_progress)
     trainer = Trainer(cfg)
     if args.prepare_only:  # data, vocabulary and feature cache only (e.g. before parallel runs share the cache)
@@ -806,6 +807,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-prompts", type=_index, default=4,
                    help="held-out prompts for the real generate tau (0 = off)")
     t.add_argument("--eval-new-tokens", type=_count, default=64, help="answer length of that evaluation")
+    t.add_argument("--eval-replay", type=_index, default=16,
+                   help="held-out answers walked with the default tree for the replay tau, the metric that picks "
+                        "the best checkpoint (0 = off)")
     t.add_argument("--feature-cache", metavar="DIR",
                    help="offline target features (built on first use, resumable, shared by runs on the same data)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")

@@ -124,6 +124,8 @@ def test_shapes_print_as_the_flag_takes_them():
     (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--staged-verify", "1", "--depth-control",
       "pid"], "--staged-verify conflicts with --adaptive/--depth-control"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "0"], "--max-steps must be >= 1"),
+    (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "1", "--eval-replay", "-1"],
+     "--eval-replay must be >= 0"),
     (["bench", "--target", "t", "--out", "o", "--limit", "0"], "--limit must be >= 1"),
     (["tune", "--target", "t", "--drafter", "d", "--new-tokens", "4"], "--new-tokens must be >= 8, got 4"),
     (["serve", "--target", "t", "--max-running", "0"], "--max-running must be >= 1"),

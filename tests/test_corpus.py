@@ -111,8 +111,13 @@ def test_init_from_continues_the_given_drafter(setup, tmp_path):
     saved = load_drafter(src, torch.float64).state_dict()
     for k, v in cont.drafter.state_dict().items():  # step 0 is the given drafter, d2t/t2d included
         assert torch.equal(v, saved[k].to(v.dtype)), k
+    start = cont.evaluate()
     cont.run()
     assert any(not torch.equal(v, saved[k].to(v.dtype)) for k, v in cont.drafter.state_dict().items())
+    # the start is scored first, on this run's held-out set: the baseline the round has to beat
+    evals = [r for r in map(json.loads, (tmp_path / "cont" / "metrics.jsonl").read_text().splitlines()) if "eval" in r]
+    assert evals[0]["step"] == 0 and evals[0]["eval"]["heldout_acc"] == start["heldout_acc"]
+    assert not any(r["step"] == 0 for r in map(json.loads, (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()))
     run = json.loads((tmp_path / "cont" / "run.json").read_text())
     assert run["config"]["init_from"] == str(src) and run["config"]["variant"] == "eagle3"
     # flags that contradict the drafter are refused, each with its own line

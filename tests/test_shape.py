@@ -58,6 +58,38 @@ def test_replay_equals_real_speculative_decoding(setup, shape):
         assert replayed.reached_per_depth == real.stats.reached_per_depth
 
 
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3.1"])
+def test_replayed_chains_are_what_ttt_predicts(variant):
+    """float64: at every root the engine drafts from, the chain it drafts is TTT's slot root-1, token
+    for token up to the first miss (past it, TTT feeds the true token and inference its own), so a
+    held-out TTT accuracy measures the very drafts `generate` makes (benchmarks/ttt_vs_replay.py)."""
+    from anchorspec.train.ttt import ttt_forward
+
+    target = tiny_target("llama")
+    drafter = init_drafter(target.config, variant, seed=5).to(torch.float64)
+    attach_drafter(target, drafter)
+    proposer, K = EagleProposer(drafter), 4
+    checked = 0
+    for seq, plen in _sequences(target):
+        roots = []
+        replay(target, proposer, seq, plen, TreeShape.chain(K), roots=roots)
+        with torch.no_grad():
+            feats = target.features(seq[None])
+            mask = torch.zeros(1, seq.numel(), dtype=torch.long)
+            mask[0, plen:] = 1
+            out = ttt_forward(drafter, feats.aux, seq[None], feats.logits[..., drafter.draft_to_target], mask, steps=K,
+                              return_logits=True, target_in_draft=drafter.t2d[feats.logits.argmax(-1)])
+        pred = drafter.draft_to_target[out.logits[:, 0].argmax(-1)]  # [K, T]: target ids
+        assert [r[0] for r in roots][0] == plen and len(roots) > 2
+        for pos, accepted, tree in roots:
+            chain = tree.tokens[1:].tolist()
+            assert len(chain) == tree.depth and accepted <= tree.depth
+            for k in range(min(accepted + 1, tree.depth)):
+                assert chain[k] == int(pred[k, pos - 1]), (pos, k)
+                checked += 1
+    assert checked > 20
+
+
 def test_oracle_replay_accepts_everything():
     target = tiny_target("llama")
     seq, plen = _sequences(target)[0]

@@ -88,7 +88,7 @@ def config(setup, out, **kw) -> TrainConfig:
     base = dict(target=str(target_dir), data=[str(data)], out=str(out), variant="eagle3.1", ttt_steps=3,
                 draft_vocab_size=DRAFT_VOCAB, max_len=64, max_steps=6, lr=3e-3, batch_tokens=64, dtype="float64",
                 heldout=0.1, log_every=1, eval_every=1000, save_every=1000, eval_prompts=0, eval_new_tokens=4,
-                progress=False)
+                eval_replay=0, progress=False)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -231,7 +231,7 @@ def test_simulated_tau():
 def test_trainer_end_to_end(setup, tmp_path, variant):
     out = tmp_path / "run"
     cfg = config(setup, out, variant=variant, max_steps=30, dtype="float32", batch_tokens=96, eval_every=10,
-                 save_every=10, eval_prompts=2, eval_new_tokens=6)
+                 save_every=10, eval_prompts=2, eval_new_tokens=6, eval_replay=3)
     trainer = Trainer(cfg)
     summary = trainer.run()
     assert summary["steps"] == 30 == trainer.step
@@ -246,11 +246,12 @@ def test_trainer_end_to_end(setup, tmp_path, variant):
     assert last < 0.9 * first, (first, last)  # ~9.4 -> ~7.5 on this data
     assert all(len(r["acc_per_step"]) == 3 and 1.0 <= r["train_sim_tau"] <= 4.0 for r in train)
 
-    # best/: the eval with the highest metric (gen_tau if measured, else sim_tau); ties keep the earliest
+    # best/: the eval with the highest metric (the replay tau, then gen_tau, then sim_tau); ties keep the earliest
     def metric(r):
-        return r["eval"].get("gen_tau", r["eval"]["sim_tau"])
+        return r["eval"].get("replay_tau", r["eval"].get("gen_tau", r["eval"]["sim_tau"]))
 
-    assert all("gen_tau" in r["eval"] for r in evals)
+    assert all("gen_tau" in r["eval"] and "replay_tau" in r["eval"] for r in evals)
+    assert len(trainer.replay_answers) == 3
     best_rec = evals[0]
     for r in evals[1:]:
         if metric(r) > metric(best_rec):
@@ -259,7 +260,19 @@ def test_trainer_end_to_end(setup, tmp_path, variant):
         assert (out / "best" / name).is_file()
     best = json.loads((out / "best" / "best.json").read_text())
     assert best["step"] == best_rec["step"] == summary["best_step"]
-    assert best["gen_tau"] == pytest.approx(metric(best_rec))
+    assert best["replay_tau"] == pytest.approx(metric(best_rec))
+    # the replay tau is the default tree walked along the held-out answers by the saved drafter
+    from anchorspec.api import DEFAULT_TREE, attach_drafter
+    from anchorspec.decode.propose import EagleProposer
+    from anchorspec.decode.shape import replay
+    from anchorspec.metrics import GenerationStats
+
+    saved = load_drafter(out / "best", trainer.target.dtype).eval()
+    attach_drafter(trainer.target, saved)
+    walked = GenerationStats()
+    for seq, start in trainer.replay_answers:
+        walked = walked.merge(replay(trainer.target, EagleProposer(saved), torch.tensor(seq), start, DEFAULT_TREE))
+    assert walked.verify_steps > 10 and walked.tau == pytest.approx(best["replay_tau"])
     assert [r["best"] for r in evals].count(True) >= 1 and evals[0]["best"] is True
 
     # final/ is the trained drafter with the variant's flags

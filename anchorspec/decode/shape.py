@@ -81,9 +81,10 @@ def accepted_length(tree: DraftTree, answer: list[int]) -> int:
 
 @torch.inference_mode()
 def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prompt_len: int,
-           shape: TreeShape) -> GenerationStats:
+           shape: TreeShape, roots: list | None = None) -> GenerationStats:
     """Walk one greedy answer with drafts of `shape`: the steps, drafted and accepted tokens that
-    greedy speculation would record (draft_s = the drafting time; no verification is run)."""
+    greedy speculation would record (draft_s = the drafting time; no verification is run). With
+    `roots`, each step appends (root position, accepted length, the drafted tree) to it."""
     aux = target.forward(sequence, torch.arange(sequence.numel()), target.new_cache(), capture_aux=True).aux
     proposer.reset()
     stats = GenerationStats()
@@ -98,6 +99,8 @@ def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prom
         fed = pos
         n = accepted_length(tree, answer)
         stats.record_step(tree.depth, tree.size - 1, n)
+        if roots is not None:
+            roots.append((pos, n, tree))
         pos += n + 1
     return stats
 

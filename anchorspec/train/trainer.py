@@ -41,8 +41,8 @@ from ..models.packed import is_packed
 from ..models.target import Target, decoder_layers, load_target, parse_dtype
 from ..data.corpus import is_corpus, read_corpus
 from ..data.readers import jsonl_lines
-from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, keep_fitting, read_conversations, \
-    split_heldout, tokenize_conversations
+from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, first_answer, keep_fitting, \
+    read_conversations, split_heldout, tokenize_conversations
 from .ttt import ttt_forward
 from .vocab import count_loss_tokens, coverage, remap_head_rows, select_draft_vocab
 
@@ -94,6 +94,7 @@ class TrainConfig:
     save_every: int = 100
     eval_prompts: int = 4  # held-out prompts answered by real speculative generation
     eval_new_tokens: int = 64
+    eval_replay: int = 16  # held-out answers walked with the default tree (decode.shape.replay): the real tau, no noise
     feature_cache: str | None = None  # directory of the offline cache (built on first use); None = online
     resume: bool = False
     progress: bool = True
@@ -152,6 +153,8 @@ class TrainConfig:
             raise AnchorspecError(f"--accept-slots must be >= 1, got {self.accept_slots}")
         if self.eval_prompts < 0:
             raise AnchorspecError(f"--eval-prompts must be >= 0, got {self.eval_prompts}")
+        if self.eval_replay < 0:
+            raise AnchorspecError(f"--eval-replay must be >= 0, got {self.eval_replay}")
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -372,6 +375,7 @@ class Trainer:
         self.train_seconds = 0.0
         self.train_tokens = 0
         self.eval_prompt_ids = self._eval_prompts()
+        self.replay_answers = self._replay_answers()
 
     def _continued_drafter(self) -> Eagle3Drafter:
         """The --init-from drafter, checked against the target and the flags that must agree with it."""
@@ -434,6 +438,17 @@ class Trainer:
             out.append(e.input_ids[:first])
         return out
 
+    def _replay_answers(self) -> list[tuple[list[int], int]]:
+        """Held-out (sequence, answer start) pairs for the replay tau: each example's first answer."""
+        out = []
+        for e in self.held_examples:
+            if len(out) == self.cfg.eval_replay:
+                break
+            got = first_answer(e.input_ids, e.loss_mask)
+            if got is not None and len(got[0]) - got[1] >= 3:  # a root and something to draft
+                out.append(got)
+        return out
+
     def _autocast(self):
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
 
@@ -443,6 +458,8 @@ class Trainer:
         from ..decode.engine import GenerationConfig, generate_speculative
         from ..decode.propose import EagleProposer
         from ..api import DEFAULT_TREE
+        from ..decode.shape import replay
+        from ..metrics import GenerationStats
 
         self.drafter.eval()
         lengths = [len(e.input_ids) for e in self.held_examples]
@@ -458,10 +475,19 @@ class Trainer:
         result = {"heldout_acc": acc, "sim_tau": simulated_tau(acc)}
         if self.cfg.stage == "accept":
             result.update(self.heldout_acceptance())
-        if self.eval_prompt_ids:
+        if self.eval_prompt_ids or self.replay_answers:
             drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
             drafter.bind_target_embedding(self.target.embed_weight.detach())
             proposer = EagleProposer(drafter)
+        if self.replay_answers:
+            # The default tree walked along held-out answers: the tau `generate` would reach on them (greedy),
+            # over far more steps than a few generated prompts, so checkpoints are told apart by more than noise.
+            walked = GenerationStats()
+            for seq, start in self.replay_answers:
+                walked = walked.merge(replay(self.target, proposer, torch.tensor(seq), start, DEFAULT_TREE))
+            result["replay_tau"] = walked.tau
+            result["replay_acceptance_per_depth"] = walked.acceptance_per_depth
+        if self.eval_prompt_ids:
             gcfg = GenerationConfig(max_new_tokens=self.cfg.eval_new_tokens, stop_token_ids=tuple(stop_ids(self.target)))
             total = None
             for ids in self.eval_prompt_ids:
@@ -660,8 +686,8 @@ class Trainer:
         return rec
 
     def _maybe_best(self, ev: dict) -> bool:
-        metric = ev.get("gen_tau", 1 + ev["heldout_expected_accept_len"] if "heldout_expected_accept_len" in ev
-                        else ev["sim_tau"])
+        metric = ev.get("replay_tau", ev.get("gen_tau", 1 + ev["heldout_expected_accept_len"]
+                                             if "heldout_expected_accept_len" in ev else ev["sim_tau"]))
         if self.best["metric"] is None or metric > self.best["metric"]:
             self.best = {"metric": metric, "step": self.step}
             save_drafter(self.drafter, self.out / "best")
@@ -690,6 +716,17 @@ class Trainer:
         self.dist.barrier()
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.variant}", unit="step",
                    disable=not (cfg.progress and self.dist.main), dynamic_ncols=True)
+        if cfg.init_from and self.step == 0:
+            # the drafter a continued run starts from, scored on this run's held-out set: the baseline its
+            # evaluations must beat, and the best so far (a round that only gets worse releases its start)
+            if self.dist.main:
+                ev = self.evaluate()
+                best = self._maybe_best(ev)
+                self._log({"step": 0, "eval": ev, "best": best})
+                bar.write(f"step 0 (--init-from): held-out sim tau {ev['sim_tau']:.2f}"
+                          + (f", replay tau {ev['replay_tau']:.3f}" if "replay_tau" in ev else "")
+                          + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else ""))
+            self.dist.barrier()
         window, t_window = _Accum(), time.perf_counter()
         while self.step < self.total_steps:
             t0 = time.perf_counter()
@@ -710,6 +747,7 @@ class Trainer:
                     best = self._maybe_best(ev)
                     self._log({"step": self.step, "eval": ev, "best": best})
                     bar.write(f"step {self.step}: held-out sim tau {ev['sim_tau']:.2f}"
+                              + (f", replay tau {ev['replay_tau']:.3f}" if "replay_tau" in ev else "")
                               + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else "")
                               + (" (best)" if best else ""))
                     self._plot()

@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""Where does a drafter accept? The default tree walked (`decode.shape.replay`, greedy, no verify
+forwards) along the first `--answer-tokens` tokens of answers from each source:
+
+- held-out corpus answers (never trained on: train's own seeded split), one row per prompt source
+  (ShareGPT, GSM8K train, AlpacaEval, Magpie, ShareGPT later turns);
+- MT-bench first turns, answered greedily by the target here, in the same dtype.
+
+Replayed tau is what greedy speculation with that tree reaches on that text, so the rows say whether
+a gap between held-out and MT-bench tau is the drafter (it is the same everywhere) or the prompts
+(a source the corpus lacks). One process, one dtype, the same drafter for every row.
+
+    python benchmarks/replay_by_source.py --drafter eagle3.1=checkpoints/smollm2-135m-instruct-eagle3.1 \
+        --out benchmarks/results/replay-by-source/r6.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import DEFAULT_DATA, environment, load_prompts  # noqa: E402
+
+from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
+from anchorspec.data.chat import prompt_ids  # noqa: E402
+from anchorspec.data.corpus import read_corpus  # noqa: E402
+from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
+from anchorspec.decode.propose import EagleProposer  # noqa: E402
+from anchorspec.decode.shape import replay  # noqa: E402
+from anchorspec.metrics import GenerationStats  # noqa: E402
+from anchorspec.models.drafter import load_drafter  # noqa: E402
+from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
+from anchorspec.train.dataset import first_answer, split_heldout  # noqa: E402
+
+SOURCE_NAMES = {"sharegpt": "ShareGPT first turns", "train.jsonl": "GSM8K train", "outputs.json": "AlpacaEval",
+                "magpie.jsonl": "Magpie (the target's own prompts)", "later": "ShareGPT later turns"}
+
+
+def corpus_sources(folder: Path) -> list[str]:
+    """The prompt source of every corpus conversation, in read_corpus order (from each part's ids)."""
+    out = []
+    for meta_path in sorted(folder.glob("part-*.json")):
+        meta = json.loads(meta_path.read_text())
+        for rid in meta.get("ids") or ["unknown"] * meta["conversations"]:
+            out.append("later" if rid.endswith("#later") else rid.rsplit(":", 1)[0])
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--corpus", default="corpus/smollm2-135m-instruct")
+    p.add_argument("--mtbench", default=DEFAULT_DATA)
+    p.add_argument("--per-source", type=int, default=16, help="answers per row")
+    p.add_argument("--answer-tokens", type=int, default=128, help="answer tokens walked (generate's default budget)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--heldout", type=float, default=0.02, help="train's --heldout (the same examples)")
+    p.add_argument("--seed", type=int, default=0, help="train's --seed (the same examples)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype)
+
+    folder = Path(args.corpus)
+    examples = read_corpus(folder, vocab_size=target.vocab_size)
+    sources = corpus_sources(folder)
+    if len(sources) != len(examples):
+        raise SystemExit(f"{folder}: {len(examples)} conversations but {len(sources)} ids in the part metadata")
+    _, held = split_heldout([e.input_ids for e in examples], args.heldout, args.seed, minimum=2)
+    rows: dict[str, list[tuple[list[int], int]]] = defaultdict(list)
+    for i in held:
+        got = first_answer(examples[i].input_ids, examples[i].loss_mask)
+        src = SOURCE_NAMES.get(sources[i], sources[i])
+        if got is None or len(got[0]) - got[1] < 3 or len(rows[src]) >= args.per_source:
+            continue
+        seq, start = got
+        rows[src].append((seq[:start + args.answer_tokens], start))
+
+    # MT-bench first turns, answered by the target itself (what generate would write)
+    gcfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
+    for q in tqdm(load_prompts(args.mtbench, args.per_source), desc="MT-bench answers", leave=False):
+        ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
+        answer = generate_vanilla(target, torch.tensor(ids), gcfg).token_ids
+        rows["MT-bench first turns (the target's answers)"].append((ids + answer, len(ids)))
+
+    report = {"environment": environment(args), "dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()),
+              "answer_tokens": args.answer_tokens, "rows": {}}
+    for spec in args.drafter:
+        name, _, path = spec.partition("=")
+        drafter = load_drafter(path, dtype).eval()
+        attach_drafter(target, drafter)
+        proposer = EagleProposer(drafter)
+        for src, answers in rows.items():
+            walked = GenerationStats()
+            for seq, start in tqdm(answers, desc=f"{name} {src}", leave=False):
+                walked = walked.merge(replay(target, proposer, torch.tensor(seq), start, DEFAULT_TREE))
+            report["rows"].setdefault(src, {"answers": len(answers)})[name] = {
+                "tau": walked.tau, "steps": walked.verify_steps, "acceptance_per_depth": walked.acceptance_per_depth}
+
+    names = [s.partition("=")[0] for s in args.drafter]
+    print(f"| source ({args.dtype}, {args.threads} thread(s), first {args.answer_tokens} answer tokens) | answers | "
+          + " | ".join(f"{n} tau" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for src, r in report["rows"].items():
+        print(f"| {src} | {r['answers']} | " + " | ".join(f"{r[n]['tau']:.2f}" for n in names) + " |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
