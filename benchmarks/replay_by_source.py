@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     rows: dict[str, list[tuple[list[int], int]]] = defaultdict(list)
     for i in held:
         got = first_answer(examples[i].input_ids, examples[i].loss_mask)
-        src = SOURCE_NAMES.get(sources[i], sources[i])
+        src = SOURCE_NAMES.get("magpie.jsonl" if sources[i].startswith("magpie") else sources[i], sources[i])
         if got is None or len(got[0]) - got[1] < 3 or len(rows[src]) >= args.per_source:
             continue
         seq, start = got

@@ -54,8 +54,9 @@ def main(argv=None) -> int:
         f"- Wall time of the training steps: {summary['train_seconds'] / 60:.1f} min ({hours:.2f} h) on "
         f"{run['torch_threads']} thread(s) of a 2-core CPU (the two variants trained side by side); "
         f"{summary['train_tokens_per_s']:.0f} tokens/s of training.",
-        f"- Kept: step {best['step']} (best measured acceptance during training: generate tau "
-        f"{best.get('gen_tau', float('nan')):.2f} on {cfg['eval_prompts']} held-out prompts, simulated tau "
+        f"- Kept: step {best['step']} (best measured acceptance during training: "
+        + (f"replay tau {best['replay_tau']:.2f} on {cfg['eval_replay']} held-out answers, " if "replay_tau" in best else "")
+        + f"generate tau {best.get('gen_tau', float('nan')):.2f} on {cfg['eval_prompts']} held-out prompts, simulated tau "
         f"{best['sim_tau']:.2f}; held-out accuracy per TTT step {fmt_list(best['heldout_acc'])}).",
         "- Reproduce: `bash scripts/train_smollm2_drafters.sh` (resumable).",
         "",
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
         "",
         f"MT-bench first turns from `../shared/data/mt_bench` ({bench['prompts']} prompts), chat template, "
         f"{bench['max_new_tokens']} new tokens, batch 1, {bench['dtype']}, {env['threads']} threads on "
-        f"{env['cpu_count']} cores ({env['cpu']}), default tree (top_k, depth, tokens) = {tuple(bench['tree'])}, "
+        f"{env['cpu_count']} cores ({env['cpu']}), tree (top_k, depth, tokens) = {bench['shape'] if 'shape' in bench else tuple(bench['tree'])}, "
         f"methods interleaved per prompt in one process (`benchmarks/bench_drafters.py`):",
         "",
         "| | value |",

@@ -51,6 +51,8 @@ def plot_training(metrics_path, png_path, title: str = "TTT training") -> None:
         axes[2].plot(es, [e["eval"]["sim_tau"] for e in evals], "o-", label="simulated tau (held-out)")
         if "gen_tau" in evals[0]["eval"]:
             axes[2].plot(es, [e["eval"]["gen_tau"] for e in evals], "s-", label="generate tau (tree, held-out prompts)")
+        if "replay_tau" in evals[0]["eval"]:
+            axes[2].plot(es, [e["eval"]["replay_tau"] for e in evals], "^-", label="replay tau (tree, held-out answers)")
     axes[2].set(title="acceptance length tau", xlabel="step")
     axes[2].legend(fontsize=8)
     fig.suptitle(title)
