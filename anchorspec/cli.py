@@ -715,7 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-new-tokens", type=_count, default=96, help="longer (unfinished) queries are dropped")
     sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     sp.add_argument("--top-p", type=_probability, default=1.0, help="nucleus sampling mass")
-    sp.add_argument("--seed", type=int, default=0, help="batch k samples with seed + k")
+    sp.add_argument("--seed", type=int, default=0,
+                    help="sampling seed; files made with different seeds share no batch")
     sp.add_argument("--eval-data", default="../shared/data",
                     help="folder of the evaluation sets whose prompts are dropped ('' = no filter)")
     _add_dtype(sp)
