@@ -37,7 +37,8 @@ from anchorspec.decode.shape import replay  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
-from anchorspec.train.dataset import first_answer, split_heldout  # noqa: E402
+from anchorspec.data.chat import first_answer  # noqa: E402
+from anchorspec.train.dataset import split_heldout  # noqa: E402
 
 SOURCE_NAMES = {"sharegpt": "ShareGPT first turns", "train.jsonl": "GSM8K train", "outputs.json": "AlpacaEval",
                 "magpie.jsonl": "Magpie (the target's own prompts)", "later": "ShareGPT later turns"}

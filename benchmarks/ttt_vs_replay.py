@@ -33,7 +33,9 @@ from anchorspec.decode.shape import replay
 from anchorspec.decode.tree import TreeShape
 from anchorspec.models.drafter import load_drafter
 from anchorspec.models.target import load_target
-from anchorspec.train.dataset import first_answer, split_heldout
+from anchorspec.data.chat import first_answer
+from anchorspec.train.dataset import split_heldout
+from anchorspec.train.trainer import simulated_tau
 from anchorspec.train.ttt import ttt_forward
 
 
@@ -120,11 +122,6 @@ def main(argv=None) -> int:
         return [reach[d + 1] / reach[d] if reach[d] else float("nan") for d in range(K)]
 
     uncond = (uncond_hits / uncond_n.clamp(min=1)).tolist()
-    sim = 1.0
-    run = 1.0
-    for a in uncond:
-        run *= a
-        sim += run
     report = {
         "drafter": args.drafter, "answers": scored, "roots": roots, "depth": K,
         "roots_where_ttt_and_replay_disagree": mismatched_roots,
@@ -132,7 +129,7 @@ def main(argv=None) -> int:
         "ttt_tau_at_the_same_roots": 1 + float((root_hist_ttt * torch.arange(K + 1)).sum()) / max(roots, 1),
         "replay_acceptance_per_depth": conditional(root_hist_replay),
         "ttt_unconditional_acc_per_step_all_slots": uncond,
-        "sim_tau_from_those": sim,
+        "sim_tau_from_those": simulated_tau(uncond),
         "trainer_heldout_acc_per_step": (trainer_hits / trainer_n.clamp(min=1)).tolist(),
     }
     print(json.dumps(report, indent=1))

@@ -102,6 +102,18 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     return full, spans
 
 
+def first_answer(input_ids: list[int], loss_mask: list[int]) -> tuple[list[int], int] | None:
+    """(the sequence up to the end of its first trained span, the span's first index); None when
+    nothing is trained. The span is an answer as `generate` would write it after that prompt."""
+    start = next((i for i, m in enumerate(loss_mask) if m), None)
+    if start is None:
+        return None
+    end = start
+    while end < len(loss_mask) and loss_mask[end]:
+        end += 1
+    return list(input_ids[:end]), start
+
+
 def render_with_loss_mask(tokenizer, conversation: Sequence[dict], system: System | str | None = KEEP,
                           context_replies: int = 0) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) for one conversation; loss_mask[t] = 1 for tokens of assistant replies,

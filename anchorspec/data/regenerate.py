@@ -46,7 +46,7 @@ from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.errors import AnchorspecError
 
-from .chat import prompt_ids
+from .chat import first_answer, prompt_ids
 from .readers import (ReadStats, jsonl_lines, check_message, read_text, iter_json_array, jsonl_rows, prompt_text,
                       sharegpt_to_conversation)
 
@@ -180,12 +180,12 @@ def continue_conversations(items: list[PromptItem], corpus, tokenizer) -> Contin
             out.not_packed += 1
             continue
         tokens, loss = packed[pid]
-        if 1 not in loss:  # no reply to continue
+        answered = first_answer(tokens, loss)
+        if answered is None:  # no reply to continue
             out.mismatched += 1
             continue
-        start = loss.index(1)
-        end = next((t for t in range(start, len(loss)) if not loss[t]), len(loss))
-        reply = tokenizer.decode(tokens[start:end], skip_special_tokens=True)
+        through_reply, start = answered
+        reply = tokenizer.decode(through_reply[start:], skip_special_tokens=True)
         first = it.messages + [{"role": "assistant", "content": reply}]
         if render_with_loss_mask(tokenizer, first, KEEP)[0] != tokens:
             out.mismatched += 1

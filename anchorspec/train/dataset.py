@@ -97,18 +97,6 @@ def keep_fitting(examples, max_len: int, stats: DataStats) -> list[Example]:
     return out
 
 
-def first_answer(input_ids: list[int], loss_mask: list[int]) -> tuple[list[int], int] | None:
-    """(the sequence up to the end of its first trained span, the span's first index); None when
-    nothing is trained. The span is an answer as `generate` would write it after that prompt."""
-    start = next((i for i, m in enumerate(loss_mask) if m), None)
-    if start is None:
-        return None
-    end = start
-    while end < len(loss_mask) and loss_mask[end]:
-        end += 1
-    return list(input_ids[:end]), start
-
-
 def split_heldout(sequences: list[list[int]], fraction: float, seed: int,
                   minimum: int = 1) -> tuple[list[int], list[int]]:
     """(train indices, held-out indices). An example is held out by a seeded hash of its tokens, not

@@ -39,10 +39,11 @@ from ..models.drafter import Eagle3Drafter, deepen, init_drafter, layer_from_tar
 from ..models.dtype import argmax_last
 from ..models.packed import is_packed
 from ..models.target import Target, decoder_layers, load_target, parse_dtype
+from ..data.chat import first_answer
 from ..data.corpus import is_corpus, read_corpus
 from ..data.readers import jsonl_lines
-from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, first_answer, keep_fitting, \
-    read_conversations, split_heldout, tokenize_conversations
+from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, keep_fitting, read_conversations, \
+    split_heldout, tokenize_conversations
 from .ttt import ttt_forward
 from .vocab import count_loss_tokens, coverage, remap_head_rows, select_draft_vocab
 
@@ -696,6 +697,16 @@ class Trainer:
             return True
         return False
 
+    def _evaluate_and_log(self, bar, label: str, mark_best: bool = True) -> None:
+        """Evaluate, keep best/ if it is the best so far, log the record and print one line."""
+        ev = self.evaluate()
+        best = self._maybe_best(ev)
+        self._log({"step": self.step, "eval": ev, "best": best})
+        bar.write(f"{label}: held-out sim tau {ev['sim_tau']:.2f}"
+                  + (f", replay tau {ev['replay_tau']:.3f}" if "replay_tau" in ev else "")
+                  + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else "")
+                  + (" (best)" if best and mark_best else ""))
+
     def run(self) -> dict:
         from tqdm import tqdm
 
@@ -720,12 +731,7 @@ class Trainer:
             # the drafter a continued run starts from, scored on this run's held-out set: the baseline its
             # evaluations must beat, and the best so far (a round that only gets worse releases its start)
             if self.dist.main:
-                ev = self.evaluate()
-                best = self._maybe_best(ev)
-                self._log({"step": 0, "eval": ev, "best": best})
-                bar.write(f"step 0 (--init-from): held-out sim tau {ev['sim_tau']:.2f}"
-                          + (f", replay tau {ev['replay_tau']:.3f}" if "replay_tau" in ev else "")
-                          + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else ""))
+                self._evaluate_and_log(bar, "step 0 (--init-from)", mark_best=False)
             self.dist.barrier()
         window, t_window = _Accum(), time.perf_counter()
         while self.step < self.total_steps:
@@ -743,13 +749,7 @@ class Trainer:
                 window, t_window = _Accum(), time.perf_counter()
             if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
                 if self.dist.main:
-                    ev = self.evaluate()
-                    best = self._maybe_best(ev)
-                    self._log({"step": self.step, "eval": ev, "best": best})
-                    bar.write(f"step {self.step}: held-out sim tau {ev['sim_tau']:.2f}"
-                              + (f", replay tau {ev['replay_tau']:.3f}" if "replay_tau" in ev else "")
-                              + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else "")
-                              + (" (best)" if best else ""))
+                    self._evaluate_and_log(bar, f"step {self.step}")
                     self._plot()
                 self.dist.barrier()
                 t_window = time.perf_counter()
