@@ -272,13 +272,16 @@ def resolve_target_dtype(name: str, target: str, device: str = "cpu", pack: str 
 
 
 def argmax_last(x: torch.Tensor, chunk_rows: int = 256) -> torch.Tensor:
-    """``x.argmax(-1)``, same indices (ties: the first), computed in fp32 for half-precision CPU
-    tensors: torch's CPU argmax has no vectorised bf16 kernel (10x slower than fp32 on one row of a
-    49k vocabulary, measured), and chunks of rows keep the fp32 copy small."""
-    if x.device.type != "cpu" or x.dtype not in (torch.bfloat16, torch.float16) or x.dim() == 0:
+    """``x.argmax(-1)``, same indices (ties: the first), fast on a CPU: half-precision tensors go through
+    fp32 in chunks of rows (torch's CPU argmax has no vectorised bf16 kernel: 10x slower than fp32 on one
+    row of a 49k vocabulary, measured; the chunks keep the fp32 copy small), and fp32 ones through
+    ``max(-1).indices`` (the same first-index rule; 1.5-2x argmax's speed on [2048, 8192], measured)."""
+    if x.device.type != "cpu" or x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return x.argmax(-1)
+    if x.dtype == torch.float32:
+        return x.max(-1).indices
     rows = x.reshape(-1, x.shape[-1])
     out = torch.empty(rows.shape[0], dtype=torch.long)
     for a in range(0, rows.shape[0], chunk_rows):
-        out[a:a + chunk_rows] = rows[a:a + chunk_rows].float().argmax(-1)
+        out[a:a + chunk_rows] = rows[a:a + chunk_rows].float().max(-1).indices
     return out.reshape(x.shape[:-1])
