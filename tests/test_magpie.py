@@ -1,62 +1,83 @@
-"""Magpie prompts (`synth-prompts`): batches seeded so that different --seed values never re-draw each
-other's batches, a resumed file equals an uninterrupted one, and the filters drop what they should."""
+"""Magpie prompts (`synth-prompts`) on the continuous-batching rounds: each draw is the query a solo sampled
+decode with that draw's seed writes, different --seed values never re-draw each other's queries, a resumed
+file equals an uninterrupted one, and the filters drop what they should. A tiny random float64 Llama with
+a word-level ChatML tokenizer samples the queries."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
-from anchorspec.data.magpie import batch_seed, synthesize_prompts, user_turn_prefix
-from test_train import WORDS, make_tokenizer
+from anchorspec.data.magpie import draw_seed, synthesize_prompts, user_turn_prefix
+from anchorspec.decode.engine import GenerationConfig, generate_vanilla
+from anchorspec.decode.sampling import SamplingParams
+from anchorspec.errors import AnchorspecError
+from anchorspec.models.target import load_target
+from helpers import save_tiny_chat_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+MAX_NEW = 12  # the tiny target ends a query with <|im_end|> within this about half the time
 
 
-class SeededSampler(torch.nn.Module):
-    """Stands in for the target's `generate`: each row is a few words drawn from torch's global RNG (which
-    synthesize_prompts seeds per batch), then the end of the turn."""
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load_target(str(save_tiny_chat_target(tmp_path_factory.mktemp("magpie_target"), seed=2)), "float64")
 
-    def __init__(self, tokenizer, eot):
-        super().__init__()
-        self.anchor = torch.nn.Parameter(torch.zeros(1))
-        self.word_ids = tokenizer.convert_tokens_to_ids(WORDS)
-        self.eot = eot
 
-    def generate(self, input_ids, max_new_tokens, **kw):
-        rows = []
-        for _ in range(input_ids.shape[0]):
-            n = int(torch.randint(2, 7, ()))
-            picks = torch.randint(len(self.word_ids), (n,)).tolist()
-            rows.append([self.word_ids[i] for i in picks] + [self.eot])
-        width = max(len(r) for r in rows)
-        body = torch.tensor([r + [self.eot] * (width - len(r)) for r in rows])
-        return torch.cat([input_ids, body], dim=1)
+def _rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
 
 
 def _prompts(path):
-    return [json.loads(x)["prompt"] for x in path.read_text().splitlines()]
+    return [r["prompt"] for r in _rows(path)]
 
 
-def test_different_seeds_share_no_batch(tmp_path):
-    assert {batch_seed(23, k) for k in range(10_000)}.isdisjoint({batch_seed(26, k) for k in range(10_000)})
-    tok = make_tokenizer()
-    model = SeededSampler(tok, tok.eos_token_id)
+def synth(target, path, n, **kw):
+    return synthesize_prompts(target, path, n, max_new_tokens=MAX_NEW, min_words=2, progress=False,
+                              **{"batch_size": 4, **kw})
+
+
+def test_each_draw_is_its_solo_sampled_query(target, tmp_path):
+    out = tmp_path / "q.jsonl"
+    report = synth(target, out, 6, seed=3)
+    assert report["dropped"]["unfinished"] + report["dropped"]["short"] > 0  # the filters ran on real drops
+    tok = target.tokenizer
+    prefix = torch.tensor(tok(user_turn_prefix(tok), add_special_tokens=False)["input_ids"])
+    for row in _rows(out):
+        res = generate_vanilla(target, prefix, GenerationConfig(
+            max_new_tokens=MAX_NEW, sampling=SamplingParams(1.0, 1.0), seed=draw_seed(3, row["draw"]),
+            stop_token_ids=(tok.eos_token_id,)))
+        assert res.finish_reason == "stop"
+        assert row["prompt"] == tok.decode(res.token_ids[:-1], skip_special_tokens=True).strip()
+        assert row["id"] == f"magpie:3:{row['draw']}"
+    assert [r["draw"] for r in _rows(out)] == sorted(r["draw"] for r in _rows(out))  # written in draw order
+
+
+def test_different_seeds_share_no_draw(target, tmp_path):
+    assert {draw_seed(23, k) for k in range(10_000)}.isdisjoint({draw_seed(26, k) for k in range(10_000)})
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    synthesize_prompts(model, tok, a, 60, batch_size=8, seed=23, progress=False)
-    synthesize_prompts(model, tok, b, 60, batch_size=8, seed=26, progress=False)
-    # with `seed + k` the seed-26 file would repeat the seed-23 file from its 4th batch on
-    assert len(set(_prompts(a)) & set(_prompts(b))) < 5
+    synth(target, a, 12, seed=23)
+    synth(target, b, 12, seed=26)
+    assert len(set(_prompts(a)) & set(_prompts(b))) < 3
 
 
-def test_a_resumed_file_equals_an_uninterrupted_one(tmp_path):
-    tok = make_tokenizer()
-    model = SeededSampler(tok, tok.eos_token_id)
+def test_a_resumed_file_equals_an_uninterrupted_one(target, tmp_path):
     whole, parts = tmp_path / "whole.jsonl", tmp_path / "parts.jsonl"
-    synthesize_prompts(model, tok, whole, 40, batch_size=8, seed=5, progress=False)
-    synthesize_prompts(model, tok, parts, 20, batch_size=8, seed=5, progress=False)
+    synth(target, whole, 14, seed=5, batch_size=5)
+    synth(target, parts, 6, seed=5, batch_size=3)  # another batch size: the same draws
     with open(parts, "a") as f:
         f.write('{"id": "magpie:5:99", "pro')  # a line cut off by a crash is dropped and redone
-    report = synthesize_prompts(model, tok, parts, 40, batch_size=8, seed=5, progress=False)
-    assert _prompts(parts) == _prompts(whole) and report["prompts"] >= 40
+    report = synth(target, parts, 14, seed=5, batch_size=5)
+    assert _prompts(parts) == _prompts(whole) and report["prompts"] == 14
     assert len(set(_prompts(whole))) == len(_prompts(whole))  # duplicates are dropped
-    assert all(len(p.split()) >= 3 for p in _prompts(whole))  # so are queries under min_words
-    assert user_turn_prefix(tok) and "<|im_start|>user" in user_turn_prefix(tok)
+    assert all(len(p.split()) >= 2 for p in _prompts(whole))  # so are queries under min_words
+    assert user_turn_prefix(target.tokenizer) and "<|im_start|>user" in user_turn_prefix(target.tokenizer)
+
+
+def test_a_file_of_the_older_batch_format_is_refused(target, tmp_path):
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps({"id": "magpie:0:0", "prompt": "w1 w2 w3", "batch": 0}) + "\n")
+    with pytest.raises(AnchorspecError, match="older synth-prompts"):
+        synth(target, old, 4)

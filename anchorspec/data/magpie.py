@@ -2,25 +2,27 @@
 user turn, an instruct model samples a plausible user query. Prompts are then unlimited, need no
 download, and follow what the target "expects" to be asked.
 
-Every row of a batch starts from the same prefix, so a batch needs no padding. Output is JSONL, one
-``{"id": "magpie:<seed>:<n>", "prompt": ...}`` per kept query, appended batch by batch (fsynced); re-running
-with the same file continues after the batches already written (batch k is sampled with
-``batch_seed(seed, k)``).
+Queries are sampled on regenerate's continuous-batching rounds (a finished query's slot takes the next
+draw at once; no row is padded to another's length): draw j is sampled with ``draw_seed(seed, j)``, so it is
+the same query whatever else is in the batch. Kept queries are written in draw order (filters applied in
+that order too), as JSONL ``{"id": "magpie:<seed>:<draw>", "prompt": ..., "draw": j}`` (fsynced), so
+re-running with the same file continues after the last draw written and equals an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from pathlib import Path
 
-import torch
-
+from anchorspec.decode.sampling import SamplingParams
 from anchorspec.errors import AnchorspecError
 
 from .decontaminate import EvalFilter, words
 from .readers import jsonl_lines
+from .regenerate import AnswerRequest, ContinuousBatcher
 
 _MARK = "\u2063MAGPIE\u2063"  # a placeholder no template rewrites, to find where the user's text would start
 
@@ -34,78 +36,98 @@ def user_turn_prefix(tokenizer) -> str:
     return text[: text.index(_MARK)]
 
 
-def batch_seed(seed: int, batch_no: int) -> int:
-    """The sampling seed of batch ``batch_no``. Not ``seed + batch_no``: then --seed 26 re-drew batches 3, 4, ...
-    of a --seed 23 file, and 1,076 of 1,506 "new" prompts were ones the corpus already held."""
-    return seed * 1_000_003 + batch_no
+def draw_seed(seed: int, draw: int) -> int:
+    """The sampling seed of draw ``draw``: a hash of (seed, draw), so files made with different --seed
+    values never re-draw each other's queries (with ``seed + draw`` a --seed 26 file re-drew a --seed 23
+    file's, and 1,076 of 1,506 "new" prompts were ones the corpus already held). 63 bits: two files' 10,000
+    draws then share no seed (31 bits, as regenerate's servers take, gave a shared one)."""
+    digest = hashlib.sha256(f"{seed}:magpie-draw:{draw}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _done(out: Path) -> tuple[int, int]:
-    """(batches already written, lines) in an existing output file; a cut-off last line is removed."""
+def _done(out: Path) -> tuple[int, list[str]]:
+    """(draws already made, kept prompts) of an existing output file; a cut-off last line is removed."""
     if not out.exists():
-        return 0, 0
+        return 0, []
     raw = out.read_bytes()
     keep = raw[: raw.rfind(b"\n") + 1]
     if len(keep) != len(raw):
         with open(out, "r+b") as f:
             f.truncate(len(keep))
     lines = [json.loads(x) for x in jsonl_lines(keep.decode()) if x.strip()]
-    batches = max((int(r["batch"]) + 1 for r in lines), default=0)
-    return batches, len(lines)
+    if any("draw" not in r for r in lines):
+        raise AnchorspecError(f"{out} was written by an older synth-prompts (batches, not draws); use another --out")
+    return max((int(r["draw"]) + 1 for r in lines), default=0), [r["prompt"] for r in lines]
 
 
-def synthesize_prompts(model, tokenizer, out_path, n: int, *, batch_size: int = 32, max_new_tokens: int = 96,
+def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_new_tokens: int = 96,
                        temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, min_words: int = 3,
                        eval_filter: EvalFilter | None = None, progress: bool = True) -> dict:
-    """Append sampled user queries to ``out_path`` until it holds ``n`` (or more). Queries that run into
-    the token limit (unfinished), have fewer than ``min_words`` words, repeat an earlier one, or contain
-    an evaluation prompt are dropped (and counted)."""
+    """Append sampled user queries to ``out_path`` (the target: a models.target.Target) until it holds
+    ``n``. Queries that run into the token limit (unfinished), have fewer than ``min_words`` words, repeat
+    an earlier one, or contain an evaluation prompt are dropped (and counted)."""
     from tqdm import tqdm
 
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    batch_no, have = _done(out)
-    seen = {" ".join(words(json.loads(x)["prompt"])) for x in jsonl_lines(out.read_text()) if x.strip()} if have else set()
-    prefix = user_turn_prefix(tokenizer)
-    ids = tokenizer(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    next_draw, kept = _done(out)
+    have = len(kept)
+    seen = {" ".join(words(p)) for p in kept}
+    tokenizer = target.tokenizer
+    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
     eot = tokenizer.eos_token_id  # ChatML's <|im_end|>: the end of the user's turn
-    device = next(model.parameters()).device
+    batcher = ContinuousBatcher(target, batch_size, max_new_tokens, SamplingParams(temperature, top_p), (eot,))
     counts = {"unfinished": 0, "short": 0, "duplicate": 0, "contaminated": 0}
     new_tokens, t0 = 0, time.perf_counter()
+    issued = next_draw
+    finished: dict[int, list[int] | None] = {}  # draw -> its query's tokens (None: unfinished), until written
+
+    def issue() -> None:
+        nonlocal issued
+        batcher.add(AnswerRequest(issued, prefix, draw_seed(seed, issued)))
+        issued += 1
+
+    def verdict(tokens: list[int] | None) -> tuple[str | None, str]:
+        """(why the query is dropped, or None if it is kept (and remembered); its text)."""
+        if tokens is None:
+            return "unfinished", ""
+        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        key = " ".join(words(text))
+        if len(key.split()) < min_words:
+            return "short", text
+        if key in seen:
+            return "duplicate", text
+        if eval_filter is not None and eval_filter.matches(text):
+            return "contaminated", text
+        seen.add(key)
+        return None, text
+
     bar = tqdm(total=n, initial=min(have, n), desc="magpie", unit="prompt", disable=not progress)
     with open(out, "a", encoding="utf-8") as f:
-        while have < n:
-            torch.manual_seed(batch_seed(seed, batch_no))
-            with torch.inference_mode():
-                gen = model.generate(input_ids=ids.repeat(batch_size, 1).to(device), do_sample=True,
-                                     temperature=temperature, top_p=top_p, top_k=None,
-                                     max_new_tokens=max_new_tokens, eos_token_id=eot, pad_token_id=eot)
-            rows = []
-            for r in gen[:, ids.shape[1]:].tolist():
-                if eot not in r:
-                    counts["unfinished"] += 1
-                    new_tokens += len(r)
-                    continue
-                r = r[: r.index(eot)]
-                new_tokens += len(r) + 1
-                text = tokenizer.decode(r, skip_special_tokens=True).strip()
-                key = " ".join(words(text))
-                if len(key.split()) < min_words:
-                    counts["short"] += 1
-                elif key in seen:
-                    counts["duplicate"] += 1
-                elif eval_filter is not None and eval_filter.matches(text):
-                    counts["contaminated"] += 1
+        while have < n and issued - next_draw < batch_size + (n - have):  # queued: what is needed, plus a batch
+            issue()
+        for request, res in batcher.run():
+            new_tokens += len(res.token_ids)
+            finished[request.key] = res.token_ids[:-1] if res.finish_reason == "stop" else None
+            rows: list[dict] = []
+            while next_draw in finished and have + len(rows) < n:  # in draw order: resumable, deterministic
+                why, text = verdict(finished.pop(next_draw))
+                if why:
+                    counts[why] += 1
                 else:
-                    seen.add(key)
-                    rows.append({"id": f"magpie:{seed}:{have + len(rows)}", "prompt": text, "batch": batch_no})
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-            f.flush()
-            os.fsync(f.fileno())
-            have += len(rows)
-            batch_no += 1
-            bar.update(len(rows))
+                    rows.append({"id": f"magpie:{seed}:{next_draw}", "prompt": text, "draw": next_draw})
+                next_draw += 1
+            if rows:
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+                f.flush()
+                os.fsync(f.fileno())
+                have += len(rows)
+                bar.update(len(rows))
+            if have >= n:
+                break
+            while issued - next_draw < batch_size + (n - have):  # drops used up draws: queue more
+                issue()
             bar.set_postfix_str(f"{new_tokens / (time.perf_counter() - t0):.0f} tok/s")
     bar.close()
-    return {"prompts": have, "batches": batch_no, "dropped": counts, "new_tokens": new_tokens,
+    return {"prompts": have, "draws": next_draw, "dropped": counts, "new_tokens": new_tokens,
             "seconds": round(time.perf_counter() - t0, 1)}
