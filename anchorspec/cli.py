@@ -377,9 +377,9 @@ def cmd_train(args) -> int:
         attn_align=args.attn_align, stage=args.stage, accept_slots=args.accept_slots,
         draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
-        grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, heldout=args.heldout, system=args.system,
-        system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every, eval_every=args.eval_every,
-        save_every=args.save_every, eval_prompts=args.eval_prompts, eval_new_tokens=args.eval_new_tokens,
+        grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, order_seed=args.order_seed, heldout=args.heldout,
+        system=args.system, system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every,
+        eval_every=args.eval_every, save_every=args.save_every, eval_prompts=args.eval_prompts, eval_new_tokens=args.eval_new_tokens,
         eval_replay=args.eval_replay,
         feature_cache=args.feature_cache, compile_loss=_compile_loss_choice(args.compile_loss, dtype),
         resume=args.resume, progress=not args.no_progress)
@@ -816,6 +816,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--grad-accum", type=_count, default=1, help="micro-batches per optimizer step")
     _add_dtype(t, help="target dtype and autocast dtype (drafter masters stay fp32)")
     t.add_argument("--seed", type=int, default=0, help="initialisation, split and batch-order seed")
+    t.add_argument("--order-seed", type=int, metavar="SEED",
+                   help="the batch order's own seed (default: --seed): a continued round on the same data gives "
+                        "a new one so it does not replay the previous round's order, while the held-out split "
+                        "(keyed by --seed) stays the same")
     t.add_argument("--heldout", type=float, default=0.02, help="fraction held out for evaluation")
     t.add_argument("--system", default="keep", choices=["keep", "drop", "vary"],
                    help="system prompt: as in the data, none, or drawn from --system-prompts")

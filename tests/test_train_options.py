@@ -111,3 +111,18 @@ def test_cli_draft_layers(setup, tmp_path, capsys):  # noqa: F811
     assert load_drafter(out / "final").config.num_hidden_layers == 2
     assert main(["init-drafter", "--target", str(target_dir), "--out", str(tmp_path / "e"), "--draft-layers", "0"]) == 2
     assert "--draft-layers must be >= 1" in capsys.readouterr().err
+
+
+def test_order_seed_changes_the_batch_order_not_the_heldout_split(setup, tmp_path):  # noqa: F811
+    """`train --order-seed`: a continued round on the same corpus draws a new batch order (instead of
+    replaying the previous round's first batches) while the held-out examples, keyed by --seed, stay out."""
+    a = Trainer(config(setup, tmp_path / "a"))
+    b = Trainer(config(setup, tmp_path / "b", order_seed=7))
+    assert a.held_idx == b.held_idx
+    first = [a.stream.get(i) for i in range(a.stream.per_epoch(0))]
+    other = [b.stream.get(i) for i in range(b.stream.per_epoch(0))]
+    assert first != other
+    assert sorted(j for batch in first for j in batch) == sorted(j for batch in other for j in batch)  # one epoch each
+    a.run()
+    with pytest.raises(AnchorspecError, match="order_seed"):  # the order is the trajectory: --resume keeps it
+        Trainer(dataclasses.replace(config(setup, tmp_path / "a"), resume=True, order_seed=7)).run()

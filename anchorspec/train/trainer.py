@@ -51,9 +51,10 @@ from .vocab import count_loss_tokens, coverage, remap_head_rows, select_draft_vo
 TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
                      "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
                      "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head",
-                     "init_layer", "revocab", "draft_layers", "attn_align", "stage", "accept_slots")
+                     "init_layer", "revocab", "draft_layers", "attn_align", "stage", "accept_slots", "order_seed")
 # Trajectory fields added later: a run.json written before them ran with these values.
-FIELD_DEFAULTS = {"init_layer": "random", "draft_layers": 1, "attn_align": 0.0, "stage": "distill", "accept_slots": 16}
+FIELD_DEFAULTS = {"init_layer": "random", "draft_layers": 1, "attn_align": 0.0, "stage": "distill", "accept_slots": 16,
+                  "order_seed": None}
 STAGES = ("distill", "accept")
 DEFAULT_DRAFT_VOCAB = 16384
 
@@ -86,6 +87,7 @@ class TrainConfig:
     grad_accum: int = 1
     dtype: str = "bfloat16"  # target dtype and autocast dtype; masters stay fp32 (fp64 for float64)
     seed: int = 0
+    order_seed: int | None = None  # the batch order's seed (None: seed); the held-out split stays keyed by seed
     heldout: float = 0.02
     system: str = "keep"  # keep | drop | vary
     system_choices: list | None = None  # for system="vary"; None entries = no system prompt
@@ -334,7 +336,8 @@ class Trainer:
                                                        progress=cfg.progress)
             self.dist.barrier()
             self.cache = FeatureCache(cfg.feature_cache, examples)
-        self.stream = BatchStream([len(e.input_ids) for e in self.train_examples], cfg.batch_tokens, cfg.seed)
+        self.stream = BatchStream([len(e.input_ids) for e in self.train_examples], cfg.batch_tokens,
+                                  cfg.seed if cfg.order_seed is None else cfg.order_seed)
         per_step = cfg.grad_accum * self.dist.world
         self.total_steps = cfg.max_steps or max(1, self.stream.total(cfg.epochs) // per_step)
         self.warmup = int(cfg.warmup_ratio * self.total_steps)
