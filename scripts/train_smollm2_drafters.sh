@@ -10,6 +10,7 @@
 #      vocabulary from the grown corpus, keeping the rows of shared tokens) on the whole corpus, identical
 #      data, steps and seed, each on one thread side by side; one feature cache serves both, and it
 #      grows with the corpus (shards keyed by their examples: only the new part is extracted),
+#      (--order-seed: each round its own batch order; the held-out split stays keyed by --seed),
 #   5. each run's last step (the end of its schedule; the in-run tau on 4 prompts is too noisy to pick by)
 #      is written in bfloat16 over the release.
 # Every step resumes: re-run the script after an interruption and it continues where it stopped.
@@ -52,7 +53,7 @@ anchorspec pack-corpus "$RUN"/answers-*.jsonl --target $T --out "$CORPUS" --eval
 train() {  # the two variants: identical data, steps and seed; each continues its own release
   anchorspec train --target $T --data "$CORPUS" --out "$RUN/round-$ROUND/$1" --init-from "checkpoints/$T-$1" --revocab \
     --feature-cache "$RUN/features" --max-steps "$STEPS" --ttt-steps 4 --max-len 1024 \
-    --batch-tokens 2048 --lr 3e-4 --warmup-ratio 0.03 --dtype bfloat16 --seed 0 \
+    --batch-tokens 2048 --lr 3e-4 --warmup-ratio 0.03 --dtype bfloat16 --seed 0 --order-seed "$ROUND" \
     --eval-every 100 --save-every 25 --eval-prompts 4 --eval-new-tokens 64 "${@:2}"
 }
 train eagle3 --prepare-only --threads 2
