@@ -14,7 +14,7 @@ import torch
 import anchorspec.decode.engine as engine_module
 from anchorspec.api import Engine
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
-from anchorspec.decode.fallback import StreamMonitor
+from anchorspec.decode.fallback import DriftMonitor, StreamMonitor
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape
@@ -184,6 +184,25 @@ def test_break_even_and_shape_follow_the_cost_curve():
     assert speedup < 1
     assert not costly.start(shape).speculating
     assert flat.start(deep).speculating
+
+
+def test_a_verify_measured_cheaper_than_a_plain_step_still_prices_at_one():
+    """On an AMX CPU one token and two cost the same GEMM time, and a noisy verify(2) can come out below
+    verify(1): tau* then fell under 1 and a drafter that never has a token accepted (tau 1.00) kept
+    speculating. A verify is priced at no less than the plain step it contains, so it switches off."""
+    noisy = FrozenCosts(plain=1.0, verify_per_token=-0.08, draft_per_level=0.03, window=4, min_steps=4)
+    assert noisy.verify(2) < noisy.verify(1)  # what the clock said
+    noisy.shape = TreeShape.chain(1)
+    assert noisy.threshold == pytest.approx(1.03)  # (draft 0.03 + verify at least 1.0) / 1.0: above tau 1.00
+    assert noisy.speedup(TreeShape.chain(1)) == pytest.approx(1.5 / 1.03)  # the prior tau 1.5 over the floored cost
+    state = noisy.start(TreeShape.chain(1))
+    assert state.speculating
+    kinds = [noisy.record(state, "speculative", accepted=0) for _ in range(4)]
+    assert kinds[-1] == "off" and not state.speculating
+    m = DriftMonitor()  # the round-based (server) monitor prices the same way
+    m.observe_round(1, 1, 1.0)
+    m.observe_round(1, 2, 0.9, 1, 0.05)
+    assert m.threshold == pytest.approx(1.05)
 
 
 def test_acceptance_is_learned_from_verified_chains():
