@@ -82,10 +82,12 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
     issued = next_draw
     finished: dict[int, list[int] | None] = {}  # draw -> its query's tokens (None: unfinished), until written
 
-    def issue() -> None:
+    def top_up() -> None:
+        """Queue draws until those not yet written cover what is still needed, plus a batch (drops use some)."""
         nonlocal issued
-        batcher.add(AnswerRequest(issued, prefix, draw_seed(seed, issued)))
-        issued += 1
+        while have < n and issued - next_draw < batch_size + (n - have):
+            batcher.add(AnswerRequest(issued, prefix, draw_seed(seed, issued)))
+            issued += 1
 
     def verdict(tokens: list[int] | None) -> tuple[str | None, str]:
         """(why the query is dropped, or None if it is kept (and remembered); its text)."""
@@ -104,8 +106,7 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
 
     bar = tqdm(total=n, initial=min(have, n), desc="magpie", unit="prompt", disable=not progress)
     with open(out, "a", encoding="utf-8") as f:
-        while have < n and issued - next_draw < batch_size + (n - have):  # queued: what is needed, plus a batch
-            issue()
+        top_up()
         for request, res in batcher.run():
             new_tokens += len(res.token_ids)
             finished[request.key] = res.token_ids[:-1] if res.finish_reason == "stop" else None
@@ -125,8 +126,7 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
                 bar.update(len(rows))
             if have >= n:
                 break
-            while issued - next_draw < batch_size + (n - have):  # drops used up draws: queue more
-                issue()
+            top_up()
             bar.set_postfix_str(f"{new_tokens / (time.perf_counter() - t0):.0f} tok/s")
     bar.close()
     return {"prompts": have, "draws": next_draw, "dropped": counts, "new_tokens": new_tokens,
