@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from anchorspec.data.magpie import synthesize_prompts, user_turn_prefix
-from anchorspec.models.dtype import cpu_description
+from anchorspec.models.dtype import cpu_line
 from anchorspec.models.target import load_target
 
 
@@ -72,9 +72,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = load_target(args.target, args.dtype)
-    cpu = cpu_description()
-    flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu["flags"])
-    print(f"{cpu['model']} [{flags}], torch {torch.__version__}, {args.threads} thread(s), {args.dtype}, "
+    print(f"{cpu_line()}, torch {torch.__version__}, {args.threads} thread(s), {args.dtype}, "
           f"batch {args.batch_size}, T=1, at most {args.max_new_tokens} new tokens")
     batched_arm(target, 2, args.batch_size, 8)  # warm-up: first-touch allocations, oneDNN kernel choice
     hf_arm(target, 1, 1, 8)
@@ -88,7 +86,7 @@ def main(argv=None) -> int:
     print(f"  batched / hf: {batched['tok_per_s_cpu'] / hf['tok_per_s_cpu']:.2f}x per CPU-second")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"cpu": f"{cpu['model']} [{flags}]", "torch": torch.__version__, "threads": args.threads,
+        args.out.write_text(json.dumps({"cpu": cpu_line(), "torch": torch.__version__, "threads": args.threads,
                                         "dtype": args.dtype, "batch_size": args.batch_size,
                                         "results": [hf, batched]}, indent=1) + "\n")
     return 0

@@ -20,7 +20,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -70,21 +69,9 @@ def time_steps(args) -> dict:
     per_token = [step(B, T) / (B * T) for _ in range(args.repeats) for B, T in shapes]
     med = statistics.median(per_token)
     tokens = statistics.mean(B * T for B, T in shapes)
-    return {"allocator": args.allocator, "loss": args.loss_kernels, "applied": applied, "s_per_batch": med * tokens, "tokens_per_s": 1 / med,
+    return {"allocator": args.allocator, "loss": args.loss_kernels, "applied": applied, "s_per_batch": med * tokens,
+            "tokens_per_s": 1 / med,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
-
-
-def cpu_line() -> str:
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in have)
-                break
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} [{flags}]"
 
 
 def main(argv=None) -> int:
@@ -108,6 +95,8 @@ def main(argv=None) -> int:
         return 0
     import torch
 
+    from anchorspec.models.dtype import cpu_line
+
     shape = "mixed shapes" if args.mixed else f"micro-batch {args.rows}x{args.tokens}"
     print(f"CPU {cpu_line()}, torch {torch.__version__}, {args.threads} thread(s), {args.dtype}, {shape}, "
           f"TTT {args.ttt_steps}")
@@ -119,7 +108,8 @@ def main(argv=None) -> int:
     for name in allocators + losses:
         if name not in ALLOCATORS + ("eager", "compiled"):
             ap.error(f"unknown allocator or loss kernels {name!r}")
-    for allocator, loss in [(a, k) for a in allocators for k in losses]:  # each in a fresh process: both are process-wide
+    # each arm in a fresh process: the allocator and the loss kernels are process-wide
+    for allocator, loss in [(a, k) for a in allocators for k in losses]:
         env = {**os.environ, "ANCHORSPEC_MALLOC": "keep" if allocator == "keep" else "glibc"}
         if allocator in preloads:
             if preloads[allocator] is None:

@@ -278,12 +278,18 @@ class StreamMonitor(DriftMonitor):
             tau += reach
         return tau
 
-    def speedup(self, shape) -> float | None:
-        """Expected tokens/s of speculating with chain `shape` over plain decoding (None: costs unknown)."""
+    def relative_step_cost(self, shape) -> float | None:
+        """A speculative step with `shape` (drafting, then a verify priced at no less than a plain step)
+        over a plain step: the break-even tau; None while a cost is unknown."""
         plain, verify, draft = self.verify(1), self.verify(shape.total_tokens), self.draft(shape.depth)
         if not plain or verify is None or draft is None:
             return None
-        return self.expected_tau(shape.depth) / (draft + at_least(verify, plain)) * plain
+        return (draft + at_least(verify, plain)) / plain
+
+    def speedup(self, shape) -> float | None:
+        """Expected tokens/s of speculating with chain `shape` over plain decoding (None: costs unknown)."""
+        cost = self.relative_step_cost(shape)
+        return None if cost is None else self.expected_tau(shape.depth) / cost
 
     def choose_shape(self, max_depth: int = MAX_CHAIN):
         """The chain with the best expected speedup, and that speedup (below 1: speculation is not
@@ -326,12 +332,7 @@ class StreamMonitor(DriftMonitor):
         """tau* = (draft + verify) / plain for the stream's shape (batch 1: `rows` is ignored)."""
         if self.fixed_threshold is not None:
             return self.fixed_threshold
-        if self.shape is None:
-            return None
-        plain, verify, draft = self.verify(1), self.verify(self.shape.total_tokens), self.draft(self.shape.depth)
-        if not plain or verify is None or draft is None:
-            return None
-        return (draft + at_least(verify, plain)) / plain
+        return None if self.shape is None else self.relative_step_cost(self.shape)
 
     def start(self, shape) -> RequestState:
         """A new generation drafting with `shape`: its per-request state (plain from the start while

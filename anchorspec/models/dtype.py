@@ -69,6 +69,12 @@ def cpu_description() -> dict:
     return {"model": model or platform.processor() or platform.machine(), "flags": flags}
 
 
+def cpu_line(flags: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")) -> str:
+    """"model [the listed flags it has]": the one line benchmarks print beside their figures."""
+    cpu = cpu_description()
+    return f"{cpu['model']} [{' '.join(f for f in flags if f in cpu['flags'])}]"
+
+
 def bf16_hardware(flags: list[str]) -> list[str]:
     """The CPU flags that give native bf16 matmuls (empty: bf16 is emulated)."""
     return [f for f in ("avx512_bf16", "amx_bf16", "avx_vnni_bf16", "bf16") if f in flags]
