@@ -6,7 +6,9 @@ that rotates per prompt: HF `generate` greedy (the baseline), optionally the pro
 (`--plain`), then each drafter with speculative decoding at temperature 0. Per method: tau (tokens
 per verification), acceptance per depth, median tokens/s, the per-prompt speedup over HF (median
 and mean), and how many outputs differ from HF's tokens. With --temperature1, each drafter also
-runs sampled (T = 1, seeded) and reports tau.
+runs sampled (T = 1, seeded) and reports tau. With --compile, the project's greedy methods also run
+on a compiled copy of the target (`generate --compile`), timed after a warm-up that compiles their
+step shapes.
 
 Two protocols:
 - `--shape 4,4,16` (the default): speculation forced on, one fixed tree: tau is a property of the
@@ -58,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--pack", default=None, choices=["auto", "on", "off"],
                    help="prepack the target's weights for oneDNN (default: $ANCHORSPEC_PACK or auto)")
     p.add_argument("--plain", action="store_true", help="also run the project's plain loop (generate --no-spec)")
+    p.add_argument("--compile", action="store_true",
+                   help="also run the project's methods (greedy) on a compiled target (Target.compile), after a "
+                        "warm-up that compiles their step shapes; graphs compiled while timed are reported")
     p.add_argument("--temperature1", action="store_true", help="also run each drafter sampled at T=1 (tau only)")
     p.add_argument("--option", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                    help="also run each drafter with these Engine.generate arguments, e.g. staged1:staged=1, "
@@ -122,8 +127,22 @@ def main(argv=None) -> int:
             for label, kwargs in [(name, {})] + [(f"{name}+{o}", kw) for o, kw in options]:
                 methods.append(Method(label + suffix, Engine(target, d, shape=tree, fallback=defaults), "spec",
                                       temperature, kwargs))
+    compiled = None
+    if args.compile:  # twins of the greedy project methods on a compiled copy of the target
+        compiled = load_target(args.target, dtype, pack="off")
+        compiled.compile()
+        twins = [Method(f"{m.name}+compiled", Engine(compiled, m.engine.drafter, shape=tree, fallback=defaults)
+                        if m.kind == "spec" else Engine(compiled), m.kind, 0.0, m.options)
+                 for m in methods if m.kind != "hf" and not m.temperature]
+        methods += twins
     for m in methods:  # warm-up
         m.run(encoded[0], 16, 0)
+    if compiled is not None:  # a full-length generation per compiled method: its verify and plain shapes
+        for m in methods:
+            if m.name.endswith("+compiled"):
+                m.run(encoded[-1], args.max_new_tokens, 0)
+        print(f"compiled target: {compiled.compiles} graphs compiled in the warm-up")
+        warm_graphs = compiled.compiles
     bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)
     for i, (prompt, ids) in bar:
         order = methods[i % len(methods):] + methods[: i % len(methods)]
@@ -144,6 +163,9 @@ def main(argv=None) -> int:
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,
                "packed": is_packed(target.model), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                "shape": args.shape, "fallback": defaults, "methods": {}}
+    if compiled is not None:
+        results["compiled_graphs"] = {"warm_up": warm_graphs, "timed": compiled.compiles - warm_graphs}
+        print(f"compiled target: {compiled.compiles - warm_graphs} more graphs compiled while timed")
     for m in methods:
         if m.kind == "spec" and defaults:
             results.setdefault("shapes", {})[m.name] = {

@@ -37,15 +37,21 @@ def test_compiled_target_decodes_losslessly(compiled_llama):
     assert {tuple(s) for s in calls} >= {(1, 1), (1, 5), (1, 6)}  # plain steps, chain and tree verifies
 
 
-def test_compiled_steps_do_not_recompile_as_the_cache_grows(compiled_llama):
-    target, _ = compiled_llama
+def test_compiled_steps_do_not_recompile_as_the_cache_grows():
+    """A new prompt length means a new slot capacity: the buffers' slot and capacity dimensions are
+    dynamic from the first trace, so the second prompt reuses the first one's graph (before they
+    were, this recompiled once per new capacity until dynamo made them dynamic itself)."""
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()
+    target = tiny_target("llama")
+    target.compile()
     cfg = GenerationConfig(max_new_tokens=40)
     generate_vanilla(target, prompts()[0], cfg)  # warm: the plain step's graph exists
     graphs = counters["stats"]["unique_graphs"]
     generate_vanilla(target, torch.arange(3, 26), cfg)  # another prompt length, 40 more key lengths
     assert counters["stats"]["unique_graphs"] == graphs > 0
+    torch._dynamo.reset()
 
 
 def test_compile_off_restores_eager():

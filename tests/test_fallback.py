@@ -333,3 +333,34 @@ def test_engine_starts_from_the_costs_an_earlier_engine_kept(tmp_path, monkeypat
     third = Engine(target, drafter, costs_file=costs)  # a damaged file: measured again, then rewritten
     assert not third.monitor.calibrated and third.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
     assert json.loads(costs.read_text())["version"] == kept["version"]
+
+
+@pytest.mark.parametrize("counts_as_compile", [True, False])
+def test_a_step_that_compiled_is_no_cost_sample(counts_as_compile):
+    """A compiled target's new step shape compiles inside a step (tens of seconds). The stream must
+    not learn that as a verify's cost: one slow sample would price speculation out for hundreds of
+    steps. Simulated: one verify forward sleeps 0.3 s; when it also counts as a compile
+    (Target.compiles) no cost point reaches 0.3 s, and when it does not (the negative control)
+    the slow step shows up in the curve."""
+    import time
+
+    target = tiny_target("llama")
+    proposer = EagleProposer(random_drafter(target))
+    ref = generate_vanilla(target, prompts()[0], GenerationConfig(max_new_tokens=20)).token_ids
+    forward_rows, calls = target.forward_rows, []
+
+    def slow_once(*args, **kwargs):
+        calls.append(args[0].shape[1])
+        if args[0].shape[1] > 1 and len([c for c in calls if c > 1]) == 2:  # the first verify (after the prefill)
+            time.sleep(0.3)
+            target.compiles += counts_as_compile
+        return forward_rows(*args, **kwargs)
+
+    target.forward_rows = slow_once
+    # a fixed break-even: it speculates throughout; smoothing 0: a bucket keeps its first sample
+    monitor = StreamMonitor(threshold=1.0, smoothing=0.0)
+    res = generate_speculative(target, proposer, prompts()[0], GenerationConfig(max_new_tokens=20),
+                               TreeShape.chain(3), fallback=monitor)
+    assert res.token_ids == ref
+    slowest = max(y for _, y in monitor.verify.points.values())
+    assert (slowest < 0.3) == counts_as_compile

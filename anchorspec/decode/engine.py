@@ -282,7 +282,9 @@ class SpeculativeDecoding:
         # never draft deeper than the tokens still allowed (the bonus token takes one)
         step_shape = shape.capped(self.out.remaining - 1) if speculate and self.proposer is not None else None
         if step_shape is None:  # nothing to draft (no proposer, no room, or speculation is off): the root alone
-            return self._begin(DraftTree(torch.tensor(self.out.tokens[-1:]), [-1]), t)
+            # the pending token: the last one emitted, or the prompt's last after a shared-prefix start
+            pending = self.out.tokens[-1] if self.out.tokens else int(self.ids[-1])
+            return self._begin(DraftTree(torch.tensor([pending]), [-1]), t)
         if hasattr(self.proposer, "propose_passes"):
             yield from self.proposer.update_passes(self.sequence, self.aux)
             self.aux = None

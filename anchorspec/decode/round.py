@@ -47,6 +47,7 @@ class RoundResult:
     width: int = 0  # padded new tokens per row
     tokens: int = 0  # real new tokens in the batched forward
     forward_s: float = 0.0
+    compiled: bool = False  # the forward compiled a new graph (a compiled target): forward_s is no cost sample
     draft_passes: int = 0  # lockstep drafter levels this round (each: one forward per drafter and cache)
     draft_rows: int = 0  # most sequences in one of them
     draft_s: float = 0.0  # wall time of the round's drafting
@@ -117,7 +118,7 @@ class BatchDecoder:
     def _forward(self, items, prepared, result: RoundResult) -> None:
         slots = [items[i][0].cache for i, _ in prepared]
         trees = [tree for _, tree in prepared]
-        t = time.perf_counter()
+        t, graphs = time.perf_counter(), self.target.compiles
         try:
             outs = [batch_forward(self.target, slots, trees)]
             groups = [prepared]
@@ -132,6 +133,7 @@ class BatchDecoder:
                     self.release(items[row[0]][0])
             result.isolated = [i for i, _ in prepared]
         result.forward_s = time.perf_counter() - t
+        result.compiled = self.target.compiles != graphs
         sizes = [tree.size for tree in trees]
         result.rows, result.width, result.tokens = len(prepared), max(sizes), sum(sizes)
         for out, group in zip(outs, groups):

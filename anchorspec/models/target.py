@@ -36,6 +36,12 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 def _select_rows(head: nn.Module, args, kwargs):
     """LM head pre-hook: [B, T, H] -> [1, R, H], the flat rows `head.anchorspec_rows` (b * T + t)
     only, so padding and unwanted rows never pay for the LM head. Inactive while that is None.
@@ -74,6 +80,7 @@ class Target:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
         self._compiled = None  # compile(): the inductor-compiled forward_rows body
+        self.compiles = 0  # graphs compiled during this target's compiled forwards (see forward_rows)
 
     @property
     def compiled(self) -> bool:
@@ -197,7 +204,13 @@ class Target:
         try:
             if self._compiled is not None and getattr(cache, "static", False):  # a static cache carries a mask
                 torch._dynamo.maybe_mark_dynamic(attention_mask, 3)  # the key length grows every step
+                for buf in cache.kv.keys + cache.kv.values:  # slots and capacity differ per request and grow:
+                    torch._dynamo.maybe_mark_dynamic(buf, 0)  # dynamic from the first trace, else every new
+                    torch._dynamo.maybe_mark_dynamic(buf, 2)  # prompt length costs one more ~40 s compile
+                graphs = _graphs_compiled()
                 logits, aux = self._compiled(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
+                # a call that compiled took tens of seconds: timers of steps (the cost curves) skip it
+                self.compiles += _graphs_compiled() - graphs
             else:
                 logits, aux = self._rows_body(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
         finally:

@@ -192,7 +192,8 @@ class Scheduler:
             log.exception("decoding round failed")
             result = RoundResult([exc] * len(running))
         self.metrics.observe_round(result)
-        self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s)
+        if not result.compiled:  # a round that compiled a graph took tens of seconds: not what a round costs
+            self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s)
         for seq, report in zip(running, result.reports):
             self._deliver(seq, report)
 
@@ -253,8 +254,9 @@ class Scheduler:
                     failed = [r for r in result.reports if isinstance(r, BaseException)]
                     if failed:
                         raise failed[0]
-                    self.monitor.observe_round(result.rows, result.width, result.forward_s,
-                                               result.draft_rows, result.draft_s)
+                    if not result.compiled:
+                        self.monitor.observe_round(result.rows, result.width, result.forward_s,
+                                                   result.draft_rows, result.draft_s)
             finally:
                 for dec in decs:
                     decoder.release(dec)
