@@ -81,3 +81,19 @@ def test_a_file_of_the_older_batch_format_is_refused(target, tmp_path):
     old.write_text(json.dumps({"id": "magpie:0:0", "prompt": "w1 w2 w3", "batch": 0}) + "\n")
     with pytest.raises(AnchorspecError, match="older synth-prompts"):
         synth(target, old, 4)
+
+
+def test_shared_prefix_skips_the_prefills_and_changes_no_query(target, tmp_path, monkeypatch):
+    """With the shared prefix (the default) no draw prefills: each starts from the prefix's rows and its
+    first token rides a batched round. The file is the one the per-draw prefills write."""
+    from anchorspec.decode.engine import SpeculativeDecoding
+
+    prefills = []
+    real = SpeculativeDecoding._prefill
+    monkeypatch.setattr(SpeculativeDecoding, "_prefill", lambda self: prefills.append(1) or real(self))
+    alone, shared = tmp_path / "alone.jsonl", tmp_path / "shared.jsonl"
+    synth(target, alone, 8, seed=7, shared_prefix=False)
+    assert len(prefills) >= 8  # negative control: the old path prefills every draw
+    prefills.clear()
+    synth(target, shared, 8, seed=7)
+    assert prefills == [] and _prompts(shared) == _prompts(alone)

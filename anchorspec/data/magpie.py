@@ -17,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from anchorspec.decode.batch import SharedPrefix
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.errors import AnchorspecError
 
@@ -62,10 +63,12 @@ def _done(out: Path) -> tuple[int, list[str]]:
 
 def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_new_tokens: int = 96,
                        temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, min_words: int = 3,
-                       eval_filter: EvalFilter | None = None, progress: bool = True) -> dict:
+                       eval_filter: EvalFilter | None = None, progress: bool = True,
+                       shared_prefix: bool = True) -> dict:
     """Append sampled user queries to ``out_path`` (the target: a models.target.Target) until it holds
     ``n``. Queries that run into the token limit (unfinished), have fewer than ``min_words`` words, repeat
-    an earlier one, or contain an evaluation prompt are dropped (and counted)."""
+    an earlier one, or contain an evaluation prompt are dropped (and counted). `shared_prefix=False`
+    prefills every draw's prompt alone (the path before shared prefixes; kept to benchmark against)."""
     from tqdm import tqdm
 
     out = Path(out_path)
@@ -76,7 +79,11 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
     tokenizer = target.tokenizer
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
     eot = tokenizer.eos_token_id  # ChatML's <|im_end|>: the end of the user's turn
-    batcher = ContinuousBatcher(target, batch_size, max_new_tokens, SamplingParams(temperature, top_p), (eot,))
+    # every draw's prompt is the same prefix: its rows are computed once, and a new draw joins the
+    # next round's batched forward instead of prefilling alone
+    shared = SharedPrefix.build(target, prefix[:-1]) if shared_prefix and len(prefix) > 1 else None
+    batcher = ContinuousBatcher(target, batch_size, max_new_tokens, SamplingParams(temperature, top_p), (eot,),
+                                prefix=shared)
     counts = {"unfinished": 0, "short": 0, "duplicate": 0, "contaminated": 0}
     new_tokens, t0 = 0, time.perf_counter()
     issued = next_draw

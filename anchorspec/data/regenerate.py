@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from anchorspec.decode.batch import SharedPrefix
 from anchorspec.decode.engine import GenerationConfig, GenerationResult, PlainDecoding
 from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
@@ -333,16 +334,22 @@ class ContinuousBatcher:
 
     `add` may be called while iterating `run()` (e.g. the next turn of a conversation once its
     previous reply is known); `run` ends when nothing is queued or active. Per sequence, the tokens
-    are those of a solo run (greedy exactly; seeded sampling up to float rounding)."""
+    are those of a solo run (greedy exactly; seeded sampling up to float rounding).
+
+    `prefix` (a SharedPrefix): a request whose prompt is that prefix plus one token starts from its
+    rows and joins the next round's forward at once, with no prefill of its own (Magpie's draws all
+    share one prompt: the template's user-turn opening)."""
 
     def __init__(self, target, batch_size: int, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-                 stop_token_ids: tuple[int, ...] = (), split_keys: int = SPLIT_KEYS):
+                 stop_token_ids: tuple[int, ...] = (), split_keys: int = SPLIT_KEYS,
+                 prefix: SharedPrefix | None = None):
         if batch_size < 1:
             raise AnchorspecError(f"--batch-size must be >= 1, got {batch_size}")
         self.target, self.batch_size, self.split_keys = target, batch_size, split_keys
         self.max_new_tokens, self.sampling, self.stop_token_ids = max_new_tokens, sampling, tuple(stop_token_ids)
         self.queue: deque[AnswerRequest] = deque()
         self.decoder = BatchDecoder(target)
+        self.prefix = prefix
         self.new_tokens = 0  # emitted so far, stop tokens included
         self.rounds = 0
 
@@ -352,7 +359,11 @@ class ContinuousBatcher:
     def _start(self, request: AnswerRequest) -> PlainDecoding:
         cfg = GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=self.sampling, seed=request.seed,
                                stop_token_ids=self.stop_token_ids)
-        return PlainDecoding(self.target, request.prompt_ids, cfg)
+        dec = PlainDecoding(self.target, request.prompt_ids, cfg)
+        if self.prefix is not None and tuple(request.prompt_ids[:-1]) == self.prefix.tokens:
+            dec.join(self.decoder.kv)
+            dec.start_from(self.prefix)
+        return dec
 
     def run(self) -> Iterator[tuple[AnswerRequest, GenerationResult]]:
         active: list[tuple[AnswerRequest, PlainDecoding]] = []

@@ -108,17 +108,31 @@ class BatchKV:
         if not self.keys:
             self.keys = [self._empty(k, self._min_slots, max(self._min_capacity, length)) for k in keys]
             self.values = [self._empty(v, self._min_slots, self.capacity) for v in values]
-        elif (len(keys) != len(self.keys) or keys[0].shape[1::2] != self.keys[0].shape[1::2]
-              or keys[0].dtype != self.keys[0].dtype):
-            raise AnchorspecError("BatchKV.attach: this cache does not have the shape of the ones already attached")
+        else:
+            self._check_rows(keys)
         self.reserve(len(self.slots) + 1, length)
-        slot = KVSlot(self, len(self.slots), length)
-        for buf, k in zip(self.keys, keys):
-            buf[slot.index, :, :length] = k[0]
-        for buf, v in zip(self.values, values):
-            buf[slot.index, :, :length] = v[0]
+        slot = KVSlot(self, len(self.slots), 0)
         self.slots.append(slot)
+        self.extend(slot, keys, values)
         return slot
+
+    @torch.inference_mode()
+    def extend(self, slot: KVSlot, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Append committed rows (per layer [1, kv_heads, n, head_dim], e.g. a shared prompt prefix's)
+        after the slot's own."""
+        self.check(slot)
+        self._check_rows(keys)
+        start, n = slot.length, keys[0].shape[2]
+        self.reserve(len(self.slots), start + n)
+        for bufs, rows in ((self.keys, keys), (self.values, values)):
+            for buf, new in zip(bufs, rows):
+                buf[slot.index, :, start:start + n] = new[0]
+        slot.length = start + n
+
+    def _check_rows(self, keys: list[torch.Tensor]) -> None:
+        if (len(keys) != len(self.keys) or keys[0].shape[1::2] != self.keys[0].shape[1::2]
+                or keys[0].dtype != self.keys[0].dtype):
+            raise AnchorspecError("BatchKV: these rows do not have the shape of the ones already attached")
 
     @staticmethod
     def _empty(like: torch.Tensor, slots: int, capacity: int) -> torch.Tensor:
@@ -335,3 +349,26 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
     logits = list(out.logits.split(sizes))
     aux = [out.aux[b, :t.size] for b, t in enumerate(trees)] if capture_aux else None
     return BatchOutput(logits, aux, width, sum(t.size for t in trees))
+
+
+@dataclass
+class SharedPrefix:
+    """A prompt prefix many requests share (a chat template's user-turn opening, a system prompt),
+    with the target's keys and values for it, computed once: a request that starts with it copies
+    these rows instead of running them (SpeculativeDecoding.start_from)."""
+    tokens: tuple[int, ...]
+    keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
+    values: list[torch.Tensor]
+
+    @classmethod
+    @torch.inference_mode()
+    def build(cls, target: Target, tokens) -> "SharedPrefix":
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens:
+            raise AnchorspecError("a shared prefix needs at least one token")
+        kv = BatchKV(slots=1, capacity=len(tokens))
+        slot = kv.attach_target(target)
+        batch_forward(target, [slot], [DraftTree.chain(torch.tensor(tokens))], capture_aux=False, last_only=True)
+        slot.commit(0, list(range(len(tokens))))
+        n = len(tokens)
+        return cls(tokens, [k[:1, :, :n].clone() for k in kv.keys], [v[:1, :, :n].clone() for v in kv.values])

@@ -39,7 +39,7 @@ from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from ..models.target import Target
 from .adaptive import AdaptiveDepth
-from .batch import BatchKV, KVSlot, batch_forward
+from .batch import BatchKV, KVSlot, SharedPrefix, batch_forward
 from .drafting import Program, run_program
 from .fallback import StreamMonitor
 from .propose import Proposer
@@ -191,6 +191,26 @@ class SpeculativeDecoding:
             raise AnchorspecError("join a batch before the prefill")
         self.cache, self.batched = kv.attach_target(self.target), True
 
+    def start_from(self, prefix: SharedPrefix) -> None:
+        """Start without a prefill: `prefix` holds the target's rows for the prompt minus its last
+        token, which are copied into this sequence's slot; the last prompt token is then fed like any
+        pending token, by the first plain step (so in a batch it rides the round's forward instead of
+        prefilling alone). Plain decoding only: a drafter would need the prefix's target features."""
+        if self.started:
+            raise AnchorspecError("start_from replaces the prefill: call it before the first step")
+        if self.proposer is not None:
+            raise AnchorspecError("a shared-prefix start serves plain decoding only (the drafter would need the "
+                                  "prefix's target features)")
+        if prefix.tokens != tuple(self.ids[:-1].tolist()):
+            raise AnchorspecError("a shared prefix must be the prompt without its last token")
+        if self.cache is None:
+            if not full_attention(self.target):
+                raise AnchorspecError("a shared-prefix start needs a full-attention target (KV slots)")
+            self.cache = self._solo_slot()
+        self.cache.kv.extend(self.cache, prefix.keys, prefix.values)
+        self.committed = len(prefix.tokens)
+        self.started, self.t0 = True, time.perf_counter()
+
     def use_slot(self, slot: KVSlot) -> None:
         """Continue in a batch: `slot` holds a copy of this sequence's committed rows."""
         if slot.length != self.committed:
@@ -315,12 +335,13 @@ class SpeculativeDecoding:
         previous = self.step()  # the prefill
         while not self.finished:
             fallback.start_round([state])  # a due retry turns speculation back on
-            t = time.perf_counter()
+            t, graphs = time.perf_counter(), self.target.compiles
             report = self.step(state.speculating)
             step_s = time.perf_counter() - t
             # after a prefill or plain stretch the drafter first reads those positions' features;
-            # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft
-            if not report.held:
+            # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft;
+            # a step that compiled a graph (a compiled target's new shape) took tens of seconds
+            if not report.held and self.target.compiles == graphs:
                 fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
                                       report.draft_s, catch_up=previous.kind != "speculative")
             fallback.record(state, report.kind, report.accepted, len(report.tokens))
@@ -363,14 +384,18 @@ class SpeculativeDecoding:
                               verify_s, held)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
+    def _solo_slot(self) -> KVSlot:
+        """A one-slot cache of this sequence's own, room for the whole generation: the last new token
+        is never fed, so prompt + budget - 1 rows, plus a verified tree's extra rows."""
+        kv = BatchKV(slots=1, capacity=self.ids.numel() + self.cfg.max_new_tokens - 1 + SLOT_SLACK)
+        return kv.attach_target(self.target)
+
     def _prefill(self) -> StepReport:
         self.started = True
         self.t0 = t = time.perf_counter()
         if self.cache is None:  # solo: a one-slot cache of its own, room for the whole generation
             if full_attention(self.target):
-                # the last new token is never fed: prompt + budget - 1 rows, plus a tree's extra rows
-                kv = BatchKV(slots=1, capacity=self.ids.numel() + self.cfg.max_new_tokens - 1 + SLOT_SLACK)
-                self.cache = kv.attach_target(self.target)
+                self.cache = self._solo_slot()
             else:
                 self.cache = self.target.new_cache()
         logits, aux = self._forward(DraftTree.chain(self.ids), capture_aux=self.proposer is not None, last_only=True)
