@@ -581,7 +581,7 @@ def cmd_serve(args) -> int:
     _check_port_free(args.host, args.port)  # before the model loads, not after a minute of loading
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape, compile=args.compile)
     name = args.model_name or Path(args.target.rstrip("/")).name
     api_key = args.api_key or os.environ.get("ANCHORSPEC_API_KEY")
     app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
@@ -591,6 +591,12 @@ def cmd_serve(args) -> int:
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _add_compile(p, when: str) -> None:
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the target's decode and verify steps (inductor, frozen weights): faster "
+                        f"steps after ~45 s of compiling per step graph, a few graphs in all; {when}")
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -686,9 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(g, "the `anchorspec tune` shape, else the chain the measured costs favour")
     _add_dtype(g)
     _add_threads(g)
-    g.add_argument("--compile", action="store_true",
-                   help="torch.compile the target's decode and verify steps (inductor, frozen weights): faster "
-                        "steps after tens of seconds of compiling per step shape, so for many or long prompts")
+    _add_compile(g, "for many or long prompts")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
     g.set_defaults(func=cmd_generate)
 
@@ -911,6 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dtype(sv)
     _add_threads(sv)
     _add_shape(sv, "the `anchorspec tune` shape, else 4,4,16")
+    _add_compile(sv, "with a drafter they compile at start-up, while the server measures its round costs")
     sv.add_argument("--max-running", type=_count, default=16, help="sequences decoded together; the rest wait")
     sv.add_argument("--max-body-bytes", type=_count, default=1 << 20, help="larger request bodies get 413")
     sv.add_argument("--no-fallback", action="store_true", help="never switch a request to plain decoding")

@@ -37,6 +37,32 @@ def test_compiled_target_decodes_losslessly(compiled_llama):
     assert {tuple(s) for s in calls} >= {(1, 1), (1, 5), (1, 6)}  # plain steps, chain and tree verifies
 
 
+def test_compiled_target_in_batched_rounds_stays_lossless(compiled_llama):
+    """A BatchDecoder round over slots 0..B-1 runs the compiled static forward with B > 1 (how
+    `serve` and `regenerate` would run a compiled target): three sequences (an oracle chain, a random
+    drafter's tree, plain decoding) joining and finishing at different rounds decode exactly as
+    plain greedy on the eager target."""
+    from anchorspec.decode.engine import PlainDecoding, SpeculativeDecoding
+    from anchorspec.decode.round import BatchDecoder
+    from helpers import OracleProposer
+    from test_batch import run_batched
+
+    target, calls = compiled_llama
+    eager = tiny_target("llama")
+    drafter = random_drafter(target)
+    attach = [(OracleProposer(target), TreeShape.chain(4), 12), (EagleProposer(drafter), TreeShape(2, 3, 6), 8),
+              (None, None, 6)]
+    decs, refs = [], []
+    for (proposer, shape, n), prompt in zip(attach, prompts(3)):
+        cfg = GenerationConfig(max_new_tokens=n)
+        refs.append(generate_vanilla(eager, prompt, cfg).token_ids)
+        decs.append(PlainDecoding(target, prompt, cfg) if proposer is None
+                    else SpeculativeDecoding(target, proposer, prompt, cfg, shape))
+    results = run_batched(BatchDecoder(target), decs, start=3)
+    assert [r.token_ids for r in results] == refs
+    assert max(shape[0] for shape in calls) == 3  # the compiled graph ran with all three rows
+
+
 def test_compiled_steps_do_not_recompile_as_the_cache_grows():
     """A new prompt length means a new slot capacity: the buffers' slot and capacity dimensions are
     dynamic from the first trace, so the second prompt reuses the first one's graph (before they
@@ -74,3 +100,4 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path):
     pack_linears(packed.model)
     with pytest.raises(AnchorspecError, match="stock weights"):
         packed.compile()
+

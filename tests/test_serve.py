@@ -600,3 +600,23 @@ def test_export_and_serve_cli_errors(dirs, capsys):
     assert main(["serve", "--target", dirs["target"], "--chain", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert all(line.startswith("anchorspec: error:") for line in err) and len(err) == 3
+
+
+def test_serve_compile_reaches_the_engine(dirs, monkeypatch):
+    """`serve --compile` loads a compiled target (the flag is not dropped on the way to `load`)."""
+    import anchorspec.api
+
+    seen = {}
+
+    class Loaded(Exception):
+        pass
+
+    def fake_load(*args, **kwargs):
+        seen.update(kwargs)
+        raise Loaded
+
+    monkeypatch.setattr(anchorspec.api, "load", fake_load)
+    for flags, compiled in (([], False), (["--compile"], True)):
+        with pytest.raises(Loaded):
+            main(["serve", "--target", dirs["target"], "--port", "58127", *flags])
+        assert seen["compile"] is compiled

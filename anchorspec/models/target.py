@@ -90,9 +90,11 @@ class Target:
         """Run decode and verify forwards (`forward_rows` with a static cache, see decode/batch.py)
         through torch.compile: inductor with the weights frozen, so on CPU each linear layer uses
         oneDNN's prepacked kernels (bf16 weight reads ~1.5x faster than eager's) and the small ops
-        between them fuse. Each (batch, new tokens, rows kept) shape compiles once, ~45 s for
+        between them fuse. Batch size, new tokens per row, rows kept, key length and the cache's
+        slots and capacity are dynamic dimensions, so a few graphs serve every step (one per
+        combination of size 1 or more: a plain step, a verify, at batch 1 or more), ~45 s each for
         SmolLM2-135M on one core (a frozen graph is not reused from inductor's disk cache, so every
-        process pays it again); the key length is dynamic. Prefills stay eager. Measured on an
+        process pays it again). Prefills stay eager. Measured on an
         AVX-512-bf16 EPYC, bf16, 1 thread: the plain loop 1.63x HF `generate`, against 1.44x for
         packing alone (docs/results.md, "a lean step")."""
         if not enabled:
@@ -203,10 +205,14 @@ class Target:
         self._captured = {}
         try:
             if self._compiled is not None and getattr(cache, "static", False):  # a static cache carries a mask
-                torch._dynamo.maybe_mark_dynamic(attention_mask, 3)  # the key length grows every step
-                for buf in cache.kv.keys + cache.kv.values:  # slots and capacity differ per request and grow:
-                    torch._dynamo.maybe_mark_dynamic(buf, 0)  # dynamic from the first trace, else every new
-                    torch._dynamo.maybe_mark_dynamic(buf, 2)  # prompt length costs one more ~40 s compile
+                # dynamic from the first trace, else each new size costs one more ~40 s compile before dynamo
+                # generalises it: the key length (grows every step), rows and new tokens per row (a chain,
+                # a tree, a plain step; sizes 0 and 1 stay specialised), and the cache's slots and
+                # capacity (they differ per request and grow)
+                for tensor, dims in ((attention_mask, (0, 2, 3)), (input_ids, (0, 1)), (position_ids, (0, 1)),
+                                     (rows, (0,)), *((buf, (0, 2)) for buf in cache.kv.keys + cache.kv.values)):
+                    for dim in dims:
+                        torch._dynamo.maybe_mark_dynamic(tensor, dim)
                 graphs = _graphs_compiled()
                 logits, aux = self._compiled(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
                 # a call that compiled took tens of seconds: timers of steps (the cost curves) skip it
