@@ -59,8 +59,8 @@ def batched_arm(target, queries: int, batch_size: int, max_new: int, shared: boo
         rep = synthesize_prompts(target, Path(d) / "q.jsonl", queries, batch_size=batch_size,
                                  max_new_tokens=max_new, progress=False, shared_prefix=shared)
         w1, c1 = clocks()
-    return {"engine": "shared" if shared else "batched", "draws": rep["draws"], "kept": rep["prompts"], "dropped": rep["dropped"],
-            "new_tokens": rep["new_tokens"], "wall_s": w1 - w0, "cpu_s": c1 - c0}
+    return {"engine": "shared" if shared else "batched", "draws": rep["draws"], "kept": rep["prompts"],
+            "dropped": rep["dropped"], "new_tokens": rep["new_tokens"], "wall_s": w1 - w0, "cpu_s": c1 - c0}
 
 
 def main(argv=None) -> int:

@@ -364,11 +364,11 @@ class SharedPrefix:
     @torch.inference_mode()
     def build(cls, target: Target, tokens) -> "SharedPrefix":
         tokens = tuple(int(t) for t in tokens)
-        if not tokens:
+        n = len(tokens)
+        if not n:
             raise AnchorspecError("a shared prefix needs at least one token")
-        kv = BatchKV(slots=1, capacity=len(tokens))
+        kv = BatchKV(slots=1, capacity=n)
         slot = kv.attach_target(target)
         batch_forward(target, [slot], [DraftTree.chain(torch.tensor(tokens))], capture_aux=False, last_only=True)
-        slot.commit(0, list(range(len(tokens))))
-        n = len(tokens)
+        slot.commit(0, list(range(n)))
         return cls(tokens, [k[:1, :, :n].clone() for k in kv.keys], [v[:1, :, :n].clone() for v in kv.values])
