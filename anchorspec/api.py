@@ -183,8 +183,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
          compile: bool = False, remember: bool | None = None) -> Engine:
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
-    oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
-    frozen graph packs the weights itself, so `pack` is off then).
+    oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() and
+    Eagle3Drafter.compile() (their frozen graphs pack the weights themselves, so `pack` is off then).
     `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
     machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
     `fallback=False`: speculate at every step, even where plain decoding would be faster.
@@ -199,6 +199,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)
     if compile:
         loaded.compile()
+        if d is not None:
+            d.compile()
     if remember is None:
         remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
     costs_file = None

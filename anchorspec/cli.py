@@ -595,8 +595,9 @@ def cmd_serve(args) -> int:
 
 def _add_compile(p, when: str) -> None:
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the target's decode and verify steps (inductor, frozen weights): faster "
-                        f"steps after ~45 s of compiling per step graph, a few graphs in all; {when}")
+                   help="torch.compile the target's decode and verify steps and the drafter's passes (inductor, "
+                        "frozen weights): faster steps after ~45 s of compiling per target step graph (a few "
+                        f"seconds per drafter graph), a few graphs in all; {when}")
 
 
 def _check_port_free(host: str, port: int) -> None:

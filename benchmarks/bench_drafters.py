@@ -7,8 +7,9 @@ that rotates per prompt: HF `generate` greedy (the baseline), optionally the pro
 per verification), acceptance per depth, median tokens/s, the per-prompt speedup over HF (median
 and mean), and how many outputs differ from HF's tokens. With --temperature1, each drafter also
 runs sampled (T = 1, seeded) and reports tau. With --compile, the project's greedy methods also run
-on a compiled copy of the target (`generate --compile`), timed after a warm-up that compiles their
-step shapes.
+on a compiled copy of the target with compiled twins of the drafters (`generate --compile`), timed
+after a warm-up that compiles their step shapes; --eager-drafter adds each drafter eager on the
+compiled target.
 
 Two protocols:
 - `--shape 4,4,16` (the default): speculation forced on, one fixed tree: tau is a property of the
@@ -26,6 +27,7 @@ Two protocols:
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import statistics
@@ -41,6 +43,7 @@ from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, med
 from anchorspec.api import Engine  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
+from anchorspec.models.compiled import graphs_compiled  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.models.packed import is_packed  # noqa: E402
 from anchorspec.models.target import load_target, parse_dtype, stock_twin  # noqa: E402
@@ -62,7 +65,11 @@ def parse_args(argv=None):
     p.add_argument("--plain", action="store_true", help="also run the project's plain loop (generate --no-spec)")
     p.add_argument("--compile", action="store_true",
                    help="also run the project's methods (greedy) on a compiled target (Target.compile), after a "
-                        "warm-up that compiles their step shapes; graphs compiled while timed are reported")
+                        "warm-up that compiles their step shapes; graphs compiled while timed are reported; "
+                        "each drafter is compiled too (Eagle3Drafter.compile)")
+    p.add_argument("--eager-drafter", action="store_true",
+                   help="with --compile: also run each drafter eager on the compiled target (what compiling the "
+                        "drafter adds)")
     p.add_argument("--temperature1", action="store_true", help="also run each drafter sampled at T=1 (tau only)")
     p.add_argument("--option", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                    help="also run each drafter with these Engine.generate arguments, e.g. staged1:staged=1, "
@@ -131,18 +138,29 @@ def main(argv=None) -> int:
     if args.compile:  # twins of the greedy project methods on a compiled copy of the target
         compiled = load_target(args.target, dtype, pack="off")
         compiled.compile()
-        twins = [Method(f"{m.name}+compiled", Engine(compiled, m.engine.drafter, shape=tree, fallback=defaults)
-                        if m.kind == "spec" else Engine(compiled), m.kind, 0.0, m.options)
-                 for m in methods if m.kind != "hf" and not m.temperature]
+        drafters = {}  # id(drafter) -> a compiled twin sharing its weights (the eager methods keep theirs)
+        for m in methods:
+            if m.kind == "spec" and id(m.engine.drafter) not in drafters:
+                drafters[id(m.engine.drafter)] = twin = copy.copy(m.engine.drafter)
+                twin.compile()
+        greedy = [m for m in methods if m.kind != "hf" and not m.temperature]
+        twins = [Method(f"{m.name}+compiled", Engine(compiled, drafters[id(m.engine.drafter)], shape=tree,
+                                                     fallback=defaults)
+                        if m.kind == "spec" else Engine(compiled), m.kind, 0.0, m.options) for m in greedy]
+        if args.eager_drafter:  # the compiled target with the eager drafter: what compiling the drafter adds
+            twins += [Method(f"{m.name}+compiled_eager_drafter", Engine(compiled, m.engine.drafter, shape=tree,
+                                                                        fallback=defaults), m.kind, 0.0, m.options)
+                      for m in greedy if m.kind == "spec"]
         methods += twins
     for m in methods:  # warm-up
         m.run(encoded[0], 16, 0)
     if compiled is not None:  # a full-length generation per compiled method: its verify and plain shapes
         for m in methods:
-            if m.name.endswith("+compiled"):
+            if "+compiled" in m.name:
                 m.run(encoded[-1], args.max_new_tokens, 0)
-        print(f"compiled target: {compiled.compiles} graphs compiled in the warm-up")
-        warm_graphs = compiled.compiles
+        warm_graphs = graphs_compiled()
+        print(f"compiled: {warm_graphs} graphs in the warm-up (target {compiled.compiles}, drafters "
+              f"{sum(d.compiles for d in drafters.values())})")
     bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)
     for i, (prompt, ids) in bar:
         order = methods[i % len(methods):] + methods[: i % len(methods)]
@@ -164,8 +182,8 @@ def main(argv=None) -> int:
                "packed": is_packed(target.model), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                "shape": args.shape, "fallback": defaults, "methods": {}}
     if compiled is not None:
-        results["compiled_graphs"] = {"warm_up": warm_graphs, "timed": compiled.compiles - warm_graphs}
-        print(f"compiled target: {compiled.compiles - warm_graphs} more graphs compiled while timed")
+        results["compiled_graphs"] = {"warm_up": warm_graphs, "timed": graphs_compiled() - warm_graphs}
+        print(f"compiled: {graphs_compiled() - warm_graphs} more graphs while timed")
     for m in methods:
         if m.kind == "spec" and defaults:
             results.setdefault("shapes", {})[m.name] = {

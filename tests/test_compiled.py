@@ -101,3 +101,87 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path):
     with pytest.raises(AnchorspecError, match="stock weights"):
         packed.compile()
 
+
+
+def _spy_rows(drafter):
+    """Record each forward_rows call's input shape, whether it went through the compiled graph, its
+    draft logits (float32 by design) and its fed-back state (the drafter's dtype)."""
+    calls, forward_rows = [], drafter.forward_rows
+
+    def spy(ids, x, pos, cache, mask, rows):
+        out = forward_rows(ids, x, pos, cache, mask, rows)
+        calls.append((tuple(ids.shape), drafter.compiled and cache.static, out[0].clone(), out[1].clone()))
+        return out
+
+    drafter.forward_rows = spy
+    return calls
+
+
+def test_compiled_drafter_drafts_what_the_eager_one_drafts():
+    """Drafter.compile(): every drafter pass after the prompt runs through the compiled graph, its
+    draft logits equal the eager drafter's pass for pass (float64), and decoding stays lossless,
+    chains and trees, on a compiled target and on an eager one (each drafter reads that target's
+    features: a compiled target's differ from an eager one's by rounding)."""
+    torch._dynamo.reset()
+    eager_target = tiny_target("llama")
+    cfg = GenerationConfig(max_new_tokens=16)
+    for compile_target in (True, False):
+        target = tiny_target("llama")
+        target.compile(compile_target)
+        compiled, eager = random_drafter(target), random_drafter(target)  # same seed: same weights
+        compiled.compile()
+        seen, ref_seen = _spy_rows(compiled), _spy_rows(eager)
+        for prompt in prompts():
+            ref = generate_vanilla(eager_target, prompt, cfg).token_ids
+            for shape in (TreeShape.chain(4), TreeShape(2, 3, 6)):
+                res = generate_speculative(target, EagleProposer(compiled), prompt, cfg, shape)
+                plain = generate_speculative(target, EagleProposer(eager), prompt, cfg, shape)  # same features
+                assert res.token_ids == plain.token_ids == ref, shape
+        assert [c[0] for c in seen] == [c[0] for c in ref_seen]  # the same passes, in the same order
+        for (_, _, logits, fed), (_, _, want_logits, want_fed) in zip(seen, ref_seen):
+            # RoPE angles are float32 (as the target's) and inductor's vectorised cos/sin differ from
+            # eager's by an ulp (1e-7): that reaches the float64 state at ~1e-11; a wrong mask or
+            # cache row would differ by ~1e-2
+            torch.testing.assert_close(fed, want_fed, rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(logits, want_logits, rtol=1e-6, atol=1e-6)  # float32 logits
+        static = [shape for shape, through_graph, *_ in seen if through_graph]
+        assert len(static) >= len(seen) - 2 * len(prompts())  # all but the prompt passes (one per generation)
+        assert (1, 1) in static and any(width > 1 for _, width in static)  # chain steps and wider passes
+        assert compiled.compiles > 0 and eager.compiles == 0
+    torch._dynamo.reset()
+
+
+def test_compiled_drafter_in_batched_rounds(monkeypatch):
+    """One graph per shape family, and a request whose drafter cache has another capacity adds no
+    drafter graph (the same drafts as the
+    request before, so the same shape families: a new family, such as a first pass wider than one
+    token, may compile, a new size may not). Sequences sharing a compiled drafter in BatchDecoder
+    rounds draft in one static pass with B > 1 and still decode exactly as plain greedy."""
+    from anchorspec.decode import propose
+    from anchorspec.decode.engine import SpeculativeDecoding
+    from anchorspec.decode.round import BatchDecoder
+    from test_batch import run_batched
+
+    torch._dynamo.reset()
+    target = tiny_target("llama")
+    drafter = random_drafter(target)
+    drafter.compile()
+    seen = _spy_rows(drafter)
+    prompt, cfg = prompts()[0], GenerationConfig(max_new_tokens=24)
+    for capacity in (256, 64):  # the same drafts in drafter caches of two capacities, first thing after a reset
+        monkeypatch.setattr(propose, "OWN_CAPACITY", capacity)
+        graphs = drafter.compiles
+        assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, TreeShape.chain(3)).token_ids == \
+            generate_vanilla(target, prompt, cfg).token_ids
+        if capacity == 256:  # one graph per family (sizes 1 or more)
+            families = {(ids[1] > 1, logits.shape[0] > 1) for ids, through_graph, logits, _ in seen if through_graph}
+            assert drafter.compiles == len(families)
+    assert drafter.compiles == graphs
+    decs, refs = [], []
+    for shape, n, prompt in zip((TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(2)), (12, 8, 10), prompts(3)):
+        cfg = GenerationConfig(max_new_tokens=n)
+        refs.append(generate_vanilla(target, prompt, cfg).token_ids)
+        decs.append(SpeculativeDecoding(target, EagleProposer(drafter), prompt, cfg, shape))
+    assert [r.token_ids for r in run_batched(BatchDecoder(target), decs, start=3)] == refs
+    assert max(shape[0] for shape, through_graph, *_ in seen if through_graph) == 3
+    torch._dynamo.reset()

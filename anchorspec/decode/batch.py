@@ -287,8 +287,8 @@ class ForwardCache:
                 buf[self.first].narrow(1, self.past, new.shape[2]).copy_(new[0])
             else:
                 buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)
-            if self.static_mask is not None:  # slots 0..B-1, the key length a (dynamic) tensor dimension
-                out.append(buf[:self.batch, :, :self.static_mask.shape[-1]])
+            if self.static_mask is not None:  # slots 0..B-1 and the key length: the mask's (dynamic) dimensions
+                out.append(buf[:self.static_mask.shape[0], :, :self.static_mask.shape[-1]])
                 continue
             rows = buf[:, :, :self.kv_len]  # cut to kv_len first: a gather then copies only these rows
             out.append(rows.narrow(0, self.first, self.batch) if self.consecutive else rows.index_select(0, self.index))

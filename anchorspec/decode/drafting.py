@@ -190,24 +190,22 @@ def _forward(passes: list[DraftPass]) -> list[PassOutput]:
             ids[b, :p.size], pos[b, :p.size] = p.tokens, p.positions
             if not p.is_context:
                 x[b, :p.size] = p.x_in
-    cache = ForwardCache(kv, [p.cache.index for p in passes], past, width, kv_len)
-    if alone is not None and past[0] == 0 and alone.block is None:
+    indices = [p.cache.index for p in passes]
+    # a compiled drafter runs passes past the prompt as static forwards (slots 0..B-1, always a mask),
+    # as a compiled target runs its decode and verify steps (decode/batch.py); a prompt's pass stays eager
+    static = drafter.compiled and min(past) > 0 and indices == list(range(B))
+    if not static and alone is not None and past[0] == 0 and alone.block is None:
         mask = CAUSAL  # a first pass over a prompt: SDPA's own causal mask, no [T, T] tensor
-    elif alone is not None and width == 1 and (alone.block is None or bool(alone.block.all())):
+    elif not static and alone is not None and width == 1 and (alone.block is None or bool(alone.block.all())):
         mask = None  # one query that sees every key the cache returns (a chain step): no mask at all
     else:
         allowed = padded_allowed([p.allowed_block() for p in passes], past, width, kv_len)
         mask = additive_mask(allowed.to(device), dtype)[:, None]
-    h, normed, _ = drafter.layer(ids, x, pos, cache, mask)
+    cache = ForwardCache(kv, indices, past, width, kv_len, static_mask=mask if static else None)
     # outputs only where someone reads them: a context pass's last row, every row of a draft pass
-    if alone is not None:
-        h_rows, normed_rows = (t[0, -1:] if alone.is_context else t[0] for t in (h, normed))
-    else:
-        rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
-                          for b, p in enumerate(passes)]).to(device)
-        h_rows, normed_rows = h.reshape(B * width, -1)[rows], normed.reshape(B * width, -1)[rows]
-    logits = drafter.head(normed_rows)
-    fed = drafter.fed_back(h_rows, normed_rows)
+    rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
+                      for b, p in enumerate(passes)]).to(device)
+    logits, fed, h_rows = drafter.forward_rows(ids, x, pos, cache, mask, rows)
     norms = state_norms(h_rows)
     counts = [1 if p.is_context else p.size for p in passes]
     for p in passes:

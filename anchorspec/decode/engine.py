@@ -37,6 +37,7 @@ import torch
 
 from ..errors import AnchorspecError
 from ..metrics import GenerationStats
+from ..models.compiled import graphs_compiled
 from ..models.target import Target
 from .adaptive import AdaptiveDepth
 from .batch import BatchKV, KVSlot, SharedPrefix, batch_forward
@@ -335,13 +336,13 @@ class SpeculativeDecoding:
         previous = self.step()  # the prefill
         while not self.finished:
             fallback.start_round([state])  # a due retry turns speculation back on
-            t, graphs = time.perf_counter(), self.target.compiles
+            t, graphs = time.perf_counter(), graphs_compiled()
             report = self.step(state.speculating)
             step_s = time.perf_counter() - t
             # after a prefill or plain stretch the drafter first reads those positions' features;
             # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft;
-            # a step that compiled a graph (a compiled target's new shape) took tens of seconds
-            if not report.held and self.target.compiles == graphs:
+            # a step that compiled a graph (a compiled target's or drafter's new shape) took tens of seconds
+            if not report.held and graphs_compiled() == graphs:
                 fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
                                       report.draft_s, catch_up=previous.kind != "speculative")
             fallback.record(state, report.kind, report.accepted, len(report.tokens))

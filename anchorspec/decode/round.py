@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..models.compiled import graphs_compiled
 from ..models.target import Target
 from .batch import BatchKV, batch_forward
 from .drafting import run_lockstep
@@ -47,7 +48,7 @@ class RoundResult:
     width: int = 0  # padded new tokens per row
     tokens: int = 0  # real new tokens in the batched forward
     forward_s: float = 0.0
-    compiled: bool = False  # the forward compiled a new graph (a compiled target): forward_s is no cost sample
+    compiled: bool = False  # a graph compiled during the round (a compiled target or drafter): no cost sample
     draft_passes: int = 0  # lockstep drafter levels this round (each: one forward per drafter and cache)
     draft_rows: int = 0  # most sequences in one of them
     draft_s: float = 0.0  # wall time of the round's drafting
@@ -66,7 +67,7 @@ class BatchDecoder:
         """`items`: (decoding, speculate) with speculate None for a PlainDecoding. Finished
         decodings must not be passed; a decoding that fails is released here."""
         reports: list = [None] * len(items)
-        result = RoundResult(reports)
+        result, graphs = RoundResult(reports), graphs_compiled()
         programs = []  # (item index, drafting program)
         for i, (dec, speculate) in enumerate(items):
             try:
@@ -90,6 +91,7 @@ class BatchDecoder:
         prepared = self._draft(items, programs, result)
         if prepared:
             self._forward(items, prepared, result)
+        result.compiled = graphs_compiled() != graphs
         return result
 
     def _attach_drafter(self, dec: SpeculativeDecoding) -> None:
@@ -118,7 +120,7 @@ class BatchDecoder:
     def _forward(self, items, prepared, result: RoundResult) -> None:
         slots = [items[i][0].cache for i, _ in prepared]
         trees = [tree for _, tree in prepared]
-        t, graphs = time.perf_counter(), self.target.compiles
+        t = time.perf_counter()
         try:
             outs = [batch_forward(self.target, slots, trees)]
             groups = [prepared]
@@ -133,7 +135,6 @@ class BatchDecoder:
                     self.release(items[row[0]][0])
             result.isolated = [i for i, _ in prepared]
         result.forward_s = time.perf_counter() - t
-        result.compiled = self.target.compiles != graphs
         sizes = [tree.size for tree in trees]
         result.rows, result.width, result.tokens = len(prepared), max(sizes), sum(sizes)
         for out, group in zip(outs, groups):

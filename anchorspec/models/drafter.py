@@ -32,6 +32,7 @@ from torch import nn
 
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
+from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
 from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
 from .vocab_map import vocab_mapping
 
@@ -337,6 +338,8 @@ class Eagle3Drafter(nn.Module):
         # Not a buffer: `.to(bfloat16)` must not round the RoPE frequencies (the target keeps them in fp32).
         self._inv_freq = rope_inv_freq(cfg).float()
         self.embed_weight: torch.Tensor | None = None  # the target's, bound by bind_target_embedding
+        self._compiled = None  # compile(): the inductor-compiled forward_rows body
+        self.compiles = 0  # graphs compiled during this drafter's compiled passes
 
     # --- wiring ---------------------------------------------------------------------------------
     def bind_target_embedding(self, weight: torch.Tensor) -> None:
@@ -419,6 +422,36 @@ class Eagle3Drafter(nn.Module):
         for i, deeper in enumerate(self.deep_layers, start=1):
             h, _ = deeper(emb, h, cos, sin, layer_cache(cache, i), mask, False)
         return h, self.norm(h), probs
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def compile(self, enabled: bool = True) -> None:
+        """Run decode-time passes over a static cache (`forward_rows` with a ForwardCache that carries
+        its mask: decode/drafting.py's passes after the prompt, on slots 0..B-1) through torch.compile,
+        as Target.compile does for the target (models/compiled.py). A drafter step is ~30 small ops
+        around four small matmuls, so eager's per-op overhead is much of its time. Compile it only for
+        decoding: the weights are frozen into the graph, so training must not use a compiled drafter."""
+        self._compiled = frozen_compile(self._rows_body) if enabled else None
+
+    def forward_rows(self, token_ids, x_in, position_ids, cache, mask, rows: torch.Tensor):
+        """The passes of one padded forward [B, T]: (draft logits, fed-back state, raw state h), each
+        for the flat rows `rows` (b * T + t) only. Through the compiled graph when compiled and the
+        cache is static (it then carries `mask` as its `static_mask`), else eager."""
+        if self._compiled is not None and getattr(cache, "static", False):
+            mark_dynamic([(mask, (0, 2, 3)), (token_ids, (0, 1)), (position_ids, (0, 1)), (x_in, (0, 1)), (rows, (0,)),
+                          *static_cache_dims(cache)])
+            graphs = graphs_compiled()
+            out = self._compiled(token_ids, x_in, position_ids, cache, mask, rows)
+            self.compiles += graphs_compiled() - graphs
+            return out
+        return self._rows_body(token_ids, x_in, position_ids, cache, mask, rows)
+
+    def _rows_body(self, token_ids, x_in, position_ids, cache, mask, rows):
+        h, normed, _ = self.layer(token_ids, x_in, position_ids, cache, mask)
+        h, normed = (t.reshape(-1, t.shape[-1]).index_select(0, rows) for t in (h, normed))
+        return self.head(normed), self.fed_back(h, normed), h
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (float32) of normed hidden states."""

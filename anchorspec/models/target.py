@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import AnchorspecError
+from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
 from .packed import is_packed, pack_linears
@@ -34,12 +35,6 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     if not isinstance(layers, nn.ModuleList):
         raise AnchorspecError(f"{type(model).__name__} has no `model.layers`; only decoder-only LMs are supported")
     return layers
-
-
-def _graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
 
 
 def _select_rows(head: nn.Module, args, kwargs):
@@ -103,17 +98,7 @@ class Target:
         if is_packed(self.model):
             raise AnchorspecError("compile needs the stock weights (load the target with pack='off'): its frozen "
                                   "graph packs them itself")
-        import torch._dynamo
-        import torch._inductor.config
-
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        compiled = torch.compile(self._rows_body, dynamic=None)
-
-        def run(*args):  # freezing as a config patch: torch.compile's `options` do not reach it (torch 2.13)
-            with torch._inductor.config.patch(freezing=True):
-                return compiled(*args)
-
-        self._compiled = run
+        self._compiled = frozen_compile(self._rows_body)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -209,14 +194,11 @@ class Target:
                 # generalises it: the key length (grows every step), rows and new tokens per row (a chain,
                 # a tree, a plain step; sizes 0 and 1 stay specialised), and the cache's slots and
                 # capacity (they differ per request and grow)
-                for tensor, dims in ((attention_mask, (0, 2, 3)), (input_ids, (0, 1)), (position_ids, (0, 1)),
-                                     (rows, (0,)), *((buf, (0, 2)) for buf in cache.kv.keys + cache.kv.values)):
-                    for dim in dims:
-                        torch._dynamo.maybe_mark_dynamic(tensor, dim)
-                graphs = _graphs_compiled()
+                mark_dynamic([(attention_mask, (0, 2, 3)), (input_ids, (0, 1)), (position_ids, (0, 1)), (rows, (0,)),
+                              *static_cache_dims(cache)])
+                graphs = graphs_compiled()
                 logits, aux = self._compiled(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
-                # a call that compiled took tens of seconds: timers of steps (the cost curves) skip it
-                self.compiles += _graphs_compiled() - graphs
+                self.compiles += graphs_compiled() - graphs
             else:
                 logits, aux = self._rows_body(input_ids, position_ids, attention_mask, cache, rows, capture_aux)
         finally:
