@@ -80,14 +80,16 @@ def write_results(path: str, args, body: dict) -> None:
     print(f"wrote {out}")
 
 
-def load_prompts(path: str, limit: int) -> list[dict]:
+def load_prompts(path: str, limit: int, every: int = 1) -> list[dict]:
+    """First turns, every `every`-th of the file (MT-bench lists its 8 categories in blocks of 10, so
+    its first 10 are all "writing"; `every=5` takes 2 of each), at most `limit` of them."""
     rows = []
     with open(path) as f:
         for line in f:
             if line.strip():
                 q = json.loads(line)
                 rows.append({"id": q.get("question_id", len(rows)), "text": q["turns"][0]})
-    return rows[:limit]
+    return rows[::every][:limit]
 
 
 # --- small helpers ----------------------------------------------------------------------------------

@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--limit", type=int, default=80)
+    p.add_argument("--every", type=int, default=1, metavar="N",
+                   help="every N-th prompt of the file (MT-bench: 5 takes 2 of each of its 8 categories; its first "
+                        "10 are all writing)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
     target = load_target(args.target, dtype, pack=args.pack)
     engine = Engine(target)
     stock = Engine(stock_twin(target, args.target, dtype))
-    prompts = load_prompts(args.data, args.limit)
+    prompts = load_prompts(args.data, args.limit, args.every)
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
     defaults = args.shape == "default"
     tree = None if defaults else TreeShape(*(int(x) for x in args.shape.split(",")))
@@ -179,8 +182,8 @@ def main(argv=None) -> int:
             if stats is not None:
                 m.stats = stats if m.stats is None else m.stats.merge(stats)
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,
-               "packed": is_packed(target.model), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-               "shape": args.shape, "fallback": defaults, "methods": {}}
+               "packed": is_packed(target.model), "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
+               "max_new_tokens": args.max_new_tokens, "shape": args.shape, "fallback": defaults, "methods": {}}
     if compiled is not None:
         results["compiled_graphs"] = {"warm_up": warm_graphs, "timed": graphs_compiled() - warm_graphs}
         print(f"compiled: {graphs_compiled() - warm_graphs} more graphs while timed")
