@@ -46,6 +46,12 @@ class _Probe:
     def __getattr__(self, name):
         return getattr(self._drafter, name)
 
+    def forward_rows(self, token_ids, x_in, position_ids, cache, mask, rows):
+        """The drafter's forward_rows, through this probe's `layer` while on (never a compiled graph)."""
+        if not self.on:
+            return self._drafter.forward_rows(token_ids, x_in, position_ids, cache, mask, rows)
+        return Eagle3Drafter._rows_body(self, token_ids, x_in, position_ids, cache, mask, rows)
+
     def layer(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False):
         if not self.on:
             return self._drafter.layer(token_ids, x_in, position_ids, cache, mask, want_attn)
