@@ -361,10 +361,17 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, engine = run_torch(args, prompts, skip)
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
-        if "llamacpp" not in skip:
-            rows += run_llamacpp(args, prompts, engine, Path(tmp))
-        if "vllm" not in skip:
-            rows += run_vllm(args, prompts, Path(tmp))
+        for name, run in (("llamacpp", lambda: run_llamacpp(args, prompts, engine, Path(tmp))),
+                          ("vllm", lambda: run_vllm(args, prompts, Path(tmp)))):
+            if name in skip:
+                continue
+            try:
+                rows += run()
+            except RuntimeError as exc:  # a peer that crashes loses its rows, not the others'
+                first = str(exc).splitlines()[0]
+                print(f"peers: {name} failed, its rows are left out: {first}", file=sys.stderr)
+                rows.append({"name": f"{name} (failed: see peers.json)", "weights": "-", "tokens_per_s": None,
+                             "tau": None, "same_as_plain": None, "prompts": len(prompts), "failed": first})
     env = environment(args)
     (out / "peers.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
     table = markdown(rows, env)
