@@ -203,8 +203,11 @@ def _forward(passes: list[DraftPass]) -> list[PassOutput]:
         mask = additive_mask(allowed.to(device), dtype)[:, None]
     cache = ForwardCache(kv, indices, past, width, kv_len, static_mask=mask if static else None)
     # outputs only where someone reads them: a context pass's last row, every row of a draft pass
-    rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
-                      for b, p in enumerate(passes)]).to(device)
+    if alone is not None:  # one range, no concatenation: this runs for every pass
+        rows = torch.arange(alone.size - 1 if alone.is_context else 0, alone.size, device=device)
+    else:
+        rows = torch.cat([torch.tensor([b * width + p.size - 1]) if p.is_context else torch.arange(p.size) + b * width
+                          for b, p in enumerate(passes)]).to(device)
     logits, fed, h_rows = drafter.forward_rows(ids, x, pos, cache, mask, rows)
     norms = state_norms(h_rows)
     counts = [1 if p.is_context else p.size for p in passes]

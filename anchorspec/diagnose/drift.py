@@ -21,7 +21,7 @@ from ..decode.propose import EagleProposer
 from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
 from ..errors import AnchorspecError
-from ..models.drafter import Eagle3Drafter
+from ..models.drafter import Eagle3Drafter, rows_forward
 from ..models.masks import causal_mask
 from ..models.target import Target
 
@@ -50,7 +50,7 @@ class _Probe:
         """The drafter's forward_rows, through this probe's `layer` while on (never a compiled graph)."""
         if not self.on:
             return self._drafter.forward_rows(token_ids, x_in, position_ids, cache, mask, rows)
-        return Eagle3Drafter._rows_body(self, token_ids, x_in, position_ids, cache, mask, rows)
+        return rows_forward(self, token_ids, x_in, position_ids, cache, mask, rows)
 
     def layer(self, token_ids, x_in, position_ids, cache, mask=None, want_attn=False):
         if not self.on:
