@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def new_row(name: str, engine: str, weights: str) -> dict:
     return {"name": name, "engine": engine, "weights": weights, "prompts": 0, "new_tokens": 0, "seconds": 0.0,
             "drafted": None, "accepted": None, "verify_steps": None, "depth1_drafted": None, "depth1_accepted": None,
-            "same_as_plain": None, "outputs": []}
+            "same_as_plain": None, "outputs": [], "per_prompt": []}
 
 
 def add_sample(row: dict, new_tokens: int, seconds: float, output, drafted=None, accepted=None, steps=None,
@@ -77,6 +77,9 @@ def add_sample(row: dict, new_tokens: int, seconds: float, output, drafted=None,
     row["new_tokens"] += new_tokens
     row["seconds"] += seconds
     row["outputs"].append(output)
+    # per prompt as well: an acceptance gap between engines is then traced to the prompts it comes from
+    row["per_prompt"].append({"new_tokens": new_tokens, "seconds": seconds, "drafted": drafted, "accepted": accepted,
+                              "verify_steps": steps})
     for key, value in (("drafted", drafted), ("accepted", accepted), ("verify_steps", steps),
                        ("depth1_drafted", depth1_drafted), ("depth1_accepted", depth1_accepted)):
         if value is not None:
@@ -158,8 +161,20 @@ def llamacpp_binary(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+# Targets whose runs crashed with llama.cpp's weight repacking (its CPU "extra buffer" kernels): llama-completion
+# segfaulted on the Q4_1 GGUF on an AMX host and ran with --no-repack. Every later run of that target goes
+# without repacking, and its rows say so.
+NO_REPACK: set[str] = set()
+
+
+def _run(argv: list[str], target: Path) -> subprocess.CompletedProcess:
+    key = str(target)
+    proc = subprocess.run(argv + (["--no-repack"] if key in NO_REPACK else []), capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode in (-11, 139) and key not in NO_REPACK:  # SIGSEGV: retry once without repacking
+        print(f"{Path(argv[0]).name} crashed on {target.name}; running it with --no-repack", file=sys.stderr)
+        NO_REPACK.add(key)
+        return _run(argv, target)
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(argv[0]).name} failed ({proc.returncode}): {proc.stderr[-1500:]}")
     return proc
@@ -174,7 +189,7 @@ def llamacpp_plain(target: Path, prompt: str, args, extra_tokens: int = 0) -> di
     """llama-completion at T=0; its own timings (prompt eval + eval, model loading excluded)."""
     n = args.max_new_tokens + extra_tokens
     proc = _run([str(llamacpp_binary("llama-completion")), "-m", str(target), "-p", prompt, "-n", str(n),
-                 "--temp", "0", "-t", str(args.threads), "-c", "4096", "-no-cnv", "--no-display-prompt"])
+                 "--temp", "0", "-t", str(args.threads), "-c", "4096", "-no-cnv", "--no-display-prompt"], target)
     log = proc.stderr
     prompt_ms = _number(r"prompt eval time =\s*([\d.]+) ms", log) or 0.0
     eval_ms = _number(r"\beval time =\s*([\d.]+) ms / +\d+ runs", log) or 0.0
@@ -190,7 +205,7 @@ def llamacpp_eagle3(target: Path, draft: Path, prompt: str, args) -> dict:
     proc = _run([str(llamacpp_binary("llama-speculative-simple")), "-m", str(target), "-p", prompt,
                  "-n", str(args.max_new_tokens), "--temp", "0", "-t", str(args.threads), "-td", str(args.threads),
                  "-c", "4096", "-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
-                 str(args.chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"])
+                 str(args.chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"], target)
     log, echoed = proc.stderr, "\n\n" + prompt  # the prompt is echoed before the continuation
     text = proc.stdout[len(echoed):] if proc.stdout.startswith(echoed) else proc.stdout
     new = _number(r"decoded\s+(\d+) tokens in", log, int) or 0
@@ -224,6 +239,9 @@ def run_llamacpp(args, prompts, engine, workdir: Path) -> list[dict]:
             for row, r in ((plain, llamacpp_plain(target, text, args, extra_tokens=args.chain + 1)),
                            (spec, llamacpp_eagle3(target, draft, text, args))):
                 add_sample(row, r["new_tokens"], r["seconds"], r["text"], r["drafted"], r["accepted"], r["steps"])
+        if str(target) in NO_REPACK:
+            for row in (plain, spec):
+                row["name"] += ", --no-repack"
         rows += [finish(plain, None), finish(spec, plain, same=lambda out, ref: ref.startswith(out))]
     return rows
 

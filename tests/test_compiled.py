@@ -80,6 +80,36 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows():
     torch._dynamo.reset()
 
 
+def test_a_pass_that_fills_the_cache_exactly_adds_no_graph(monkeypatch):
+    """A static forward slices the buffers to the mask's key length, and dynamo guards on whether that
+    slice is the whole buffer (contiguous). A step whose keys filled the buffer exactly compiled a graph
+    of its own mid-generation (seen as a drafter graph compiled while a benchmark was timed). With no
+    slack, a solo slot holds prompt + budget - 1 rows, which the last plain step fills; a drafter cache
+    of 16 rows doubles through 16 and 32 while a chain drafts 48 tokens. Each must still need one
+    graph per shape family."""
+    import anchorspec.decode.engine as engine_module
+    from anchorspec.decode import propose
+
+    monkeypatch.setattr(engine_module, "SLOT_SLACK", 0)
+    monkeypatch.setattr(propose, "OWN_CAPACITY", 16)
+    torch._dynamo.reset()
+    target = tiny_target("llama")
+    target.compile()
+    prompt = prompts()[0]
+    ref = generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=16))
+    assert target.compiles == 1  # the plain step (prefills stay eager)
+    drafter = random_drafter(target)
+    drafter.compile()
+    seen = _spy_rows(drafter)
+    cfg = GenerationConfig(max_new_tokens=48)
+    assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, TreeShape.chain(3)).token_ids == \
+        generate_vanilla(target, prompt, cfg).token_ids
+    assert ref.token_ids == generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=16)).token_ids
+    families = {(ids[1] > 1, logits.shape[0] > 1) for ids, through_graph, logits, _ in seen if through_graph}
+    assert drafter.compiles == len(families) > 0
+    torch._dynamo.reset()
+
+
 def test_compile_off_restores_eager():
     target = tiny_target("llama")
     target.compile()
