@@ -151,3 +151,27 @@ def test_vllm_job_script_reports_per_request_counters(tmp_path):
     peers.finish(row, None)
     assert (row["verify_steps"], row["accepted"], row["drafted"]) == (16, 14, 48)
     assert row["tau"] == pytest.approx(1 + 14 / 16) and row["depth1_rate"] == pytest.approx(8 / 16)
+
+
+def test_a_llamacpp_target_that_segfaults_reruns_without_repacking(tmp_path, monkeypatch):
+    """llama-completion segfaulted on the Q4_1 GGUF with weight repacking on (an AMX host): the run is
+    repeated once with --no-repack, later runs of that target pass it from the start, another target
+    keeps repacking, and a crash that --no-repack does not cure is an error, not a loop."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "llama-fake"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    'case "$*" in *--no-repack*) echo ok; exit 0;; esac\n'
+                    'case "$*" in *crashy*) kill -SEGV $$;; esac\necho ok\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(peers, "NO_REPACK", set())
+    crashy, fine = tmp_path / "crashy.gguf", tmp_path / "fine.gguf"
+    assert peers._run([str(fake), "-m", str(crashy)], crashy).stdout == "ok\n"
+    assert peers._run([str(fake), "-m", str(crashy)], crashy).stdout == "ok\n"
+    assert peers._run([str(fake), "-m", str(fine)], fine).stdout == "ok\n"
+    lines = calls.read_text().splitlines()
+    assert ["--no-repack" in line for line in lines] == [False, True, True, False]
+    always = tmp_path / "always-crashes"
+    always.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    always.chmod(0o755)
+    with pytest.raises(RuntimeError, match="failed"):
+        peers._run([str(always)], tmp_path / "other.gguf")
