@@ -254,12 +254,12 @@ class ForwardCache:
         self.first, self.past = indices[0], past_lens[0]
         self.consecutive = indices == list(range(self.first, self.first + len(indices)))  # views, no gather
         self.static_mask = static_mask
-        if static_mask is not None:
-            if not (self.consecutive and self.first == 0):
-                raise AnchorspecError("a static ForwardCache needs slots 0..B-1")
-            # a spare row: dynamo guards on whether the key slice is the whole buffer (then contiguous),
-            # so a step that filled the buffer exactly compiled a graph of its own mid-generation
-            kv.reserve(len(kv.slots), kv_len + 1)
+        if static_mask is not None and not (self.consecutive and self.first == 0):
+            raise AnchorspecError("a static ForwardCache needs slots 0..B-1")
+        # room for the new rows; a static forward gets a spare row: dynamo guards on whether its key slice
+        # is the whole buffer (then contiguous), so a step that filled the buffer exactly compiled a graph
+        # of its own mid-generation
+        kv.reserve(len(kv.slots), kv_len + (static_mask is not None))
         if len(indices) > 1 or static_mask is not None:
             device = kv.keys[0].device
             self.index = torch.tensor(indices, dtype=torch.long, device=device)
@@ -333,7 +333,6 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
     past = [s.length for s in slots]
     width = max(t.size for t in trees)
     kv_len = max(past) + width
-    kv.reserve(len(kv.slots), kv_len)
     device = kv.keys[0].device
     ids = torch.zeros(len(trees), width, dtype=torch.long)
     for b, tree in enumerate(trees):

@@ -168,8 +168,7 @@ def _forward(passes: list[DraftPass]) -> list[PassOutput]:
         return [outs[k] for k in inverse(order)]
     past = [p.past for p in passes]
     width = max(p.size for p in passes)
-    kv_len = max(past) + width
-    kv.reserve(len(kv.slots), kv_len)
+    kv_len = max(past) + width  # ForwardCache makes room for it
     dtype, hidden = drafter.fc.weight.dtype, drafter.config.hidden_size
     B, device = len(passes), drafter.fc.weight.device
     alone = passes[0] if B == 1 else None
