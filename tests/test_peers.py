@@ -175,3 +175,53 @@ def test_a_llamacpp_target_that_segfaults_reruns_without_repacking(tmp_path, mon
     always.chmod(0o755)
     with pytest.raises(RuntimeError, match="failed"):
         peers._run([str(always)], tmp_path / "other.gguf")
+
+
+class _CompilingEngine:
+    """Stands in for a compiled anchorspec engine: a (speculative, max_new_tokens) pair it has not met yet
+    compiles a graph, as a new step shape does under torch.compile."""
+
+    def __init__(self):
+        self.target = type("T", (), {"dtype": __import__("torch").bfloat16})()
+        self.met, self.calls, self.graphs = set(), [], 0
+
+    def generate(self, ids, max_new_tokens, speculative=True):
+        if (speculative, max_new_tokens) not in self.met:
+            self.met.add((speculative, max_new_tokens))
+            self.graphs += 1
+        self.calls.append((tuple(ids), max_new_tokens, speculative))
+        stats = GenerationStats()
+        if speculative:
+            stats.record_step(3, 3, 2)
+        stats.new_tokens, stats.total_s = max_new_tokens, 0.5
+        return type("C", (), {"token_ids": list(ids)[:1] * max_new_tokens, "stats": stats})()
+
+
+def test_fastest_rows_warm_up_every_timed_shape_then_compare_with_their_own_plain(monkeypatch):
+    """The fastest-path rows (auto dtype, compiled) run a short and a full-length generation of each kind
+    before any timed prompt, so no graph compiles while timed; their weights say the chosen dtype, and the
+    speculative row is checked against the fastest plain row, not the float32 one."""
+    import anchorspec.models.compiled as compiled
+
+    fake = _CompilingEngine()
+    loaded = {}
+    monkeypatch.setattr(peers, "load", lambda target, drafter, **kw: loaded.update(kw) or fake)
+    monkeypatch.setattr(compiled, "graphs_compiled", lambda: fake.graphs)
+    args = peers.parse_args(["--out", "x", "--max-new-tokens", "32", "--fast-drafter", "/d/my-eagle3.1"])
+    encoded = [[1, 2], [3], [4, 5, 6]]
+    plain, spec = peers.run_fastest(args, encoded)
+    assert loaded["dtype"] == "auto" and loaded["compile"] is True
+    assert fake.calls[:4] == [((1, 2), 16, False), ((4, 5, 6), 32, False), ((1, 2), 16, True), ((4, 5, 6), 32, True)]
+    assert plain["graphs_compiled_while_timed"] == spec["graphs_compiled_while_timed"] == 0
+    assert plain["weights"] == spec["weights"] == "bfloat16, compiled" and "my-eagle3.1" in spec["name"]
+    assert plain["prompts"] == spec["prompts"] == 3 and spec["same_as_plain"] == 3
+    assert spec["tau"] == pytest.approx(3.0) and plain.get("tau") is None
+    # negative control: an engine whose graphs also depend on the prompt's length meets new shapes while
+    # timed (prompt [3] is shorter than both warm-up prompts), and the rows say so
+    keyed = _CompilingEngine()
+    keyed.generate = lambda ids, max_new_tokens, speculative=True, g=keyed.generate: g(
+        ids, max_new_tokens * 1000 + len(ids), speculative) and g(ids, max_new_tokens, speculative)
+    monkeypatch.setattr(peers, "load", lambda target, drafter, **kw: keyed)
+    monkeypatch.setattr(compiled, "graphs_compiled", lambda: keyed.graphs)
+    plain, spec = peers.run_fastest(args, encoded)
+    assert plain["graphs_compiled_while_timed"] == spec["graphs_compiled_while_timed"] == 2

@@ -620,3 +620,18 @@ def test_serve_compile_reaches_the_engine(dirs, monkeypatch):
         with pytest.raises(Loaded):
             main(["serve", "--target", dirs["target"], "--port", "58127", *flags])
         assert seen["compile"] is compiled
+
+
+def test_rounds_that_compiled_a_graph_are_counted_in_metrics():
+    """`anchorspec_compiled_rounds_total` counts the rounds whose RoundResult says a graph compiled (serve
+    --compile: those took seconds, and the load test reports them per level), and only those."""
+    from anchorspec.decode.round import RoundResult
+    from anchorspec.serve.metrics import ServerMetrics
+
+    m = ServerMetrics()
+    for compiled in (False, True, False, True, True):
+        m.observe_round(RoundResult([], rows=2, width=1, tokens=2, forward_s=0.01, compiled=compiled))
+    values = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+              for line in m.render().decode().splitlines() if line and not line.startswith("#")}
+    assert values["anchorspec_compiled_rounds_total"] == 3
+    assert values["anchorspec_target_forwards_total{kind=\"batched\"}"] == 5

@@ -65,6 +65,9 @@ class ServerMetrics:
                                     buckets=ROW_BUCKETS, registry=r)
         self.draft_seconds = Histogram("anchorspec_draft_seconds", "Wall time of a round's drafting",
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.compiled_rounds = Counter("anchorspec_compiled_rounds",
+                                       "Rounds during which torch.compile built a graph (--compile; seconds each, "
+                                       "left out of the measured round costs)", registry=r)
         for outcome in ("ok", "cancelled", "error"):  # export zeros, so rates work from the first scrape
             self.requests.labels(outcome)
         for direction in ("off", "on"):
@@ -83,6 +86,8 @@ class ServerMetrics:
 
     def observe_round(self, result) -> None:
         """One scheduler round (decode/round.RoundResult): its prefills, its drafting and its batched forward."""
+        if result.compiled:
+            self.compiled_rounds.inc()
         self.target_forwards.labels("prefill").inc(result.prefills)
         self.target_forwards.labels("solo").inc(result.solo)
         if result.rows:
