@@ -915,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model-name", help="model id clients must send (default: the target's directory name)")
     _add_dtype(sv)
     _add_threads(sv)
-    _add_shape(sv, "the `anchorspec tune` shape, else 4,4,16")
+    _add_shape(sv, "the `anchorspec tune` shape, else the chain the measured costs favour for one sequence")
     _add_compile(sv, "with a drafter they compile at start-up, while the server measures its round costs")
     sv.add_argument("--max-running", type=_count, default=16, help="sequences decoded together; the rest wait")
     sv.add_argument("--max-body-bytes", type=_count, default=1 << 20, help="larger request bodies get 413")

@@ -154,17 +154,43 @@ def test_stays_on_when_speculation_pays():
 
 
 def test_new_generation_starts_plain_while_recent_steps_do_not_pay():
+    """While the global window says speculation does not pay, a new generation starts plain and is due for
+    a retry at once: it probes at the next retry round. (Due only after retry_after plain tokens, as
+    before session 31, a generation shorter than that never probed, and nothing refreshed the window.)"""
     target = tiny_target("llama")
     proposer = EagleProposer(random_drafter(target))
     monitor = FrozenCosts(plain=1.0, verify_per_token=0.15, draft_per_level=0.05, window=4, min_steps=2,
-                          retry_after=50)
+                          retry_after=50, global_min_steps=2)
     cfg = GenerationConfig(max_new_tokens=30)
     generate_speculative(target, proposer, prompts()[0], cfg, TreeShape.chain(3), fallback=monitor)
     assert monitor.kinds[:2] == ["speculative"] * 2 and monitor.global_tau < monitor.threshold
+    assert not monitor.global_speculating
     monitor.kinds.clear()
+    start = monitor.rounds
+    assert start < 50 < start + 39  # the next retry round falls inside the second generation
+    cfg = GenerationConfig(max_new_tokens=40)  # shorter than retry_after plain tokens
     second = generate_speculative(target, proposer, prompts()[1], cfg, TreeShape.chain(3), fallback=monitor)
-    assert set(monitor.kinds) == {"plain"}  # the global window says no: not even min_steps drafts
+    kinds = monitor.kinds
+    probe = kinds.index("speculative")  # it probed ...
+    assert probe >= 10 and set(kinds[:probe]) == {"plain"}  # ... after starting plain, at the retry round
+    assert kinds[probe:probe + 2] == ["speculative"] * 2 and "plain" in kinds[probe + 2:]  # min_steps, then off
     assert second.token_ids == generate_vanilla(target, prompts()[1], cfg).token_ids
+
+
+def test_one_slow_start_does_not_close_the_gate_for_every_request():
+    """The global gate judges from global_min_steps steps, not from one request's first min_steps: a
+    prompt whose first drafts are all rejected turns itself off, not the next requests."""
+    m = DriftMonitor(threshold=1.5)  # defaults: min_steps 4, global_min_steps 32
+    first = m.new_request()
+    for _ in range(m.min_steps):
+        m.record(first, "speculative", accepted=0)
+    assert not first.speculating  # its own window: off
+    assert m.global_speculating and m.new_request().speculating  # 4 steps say nothing about the traffic
+    while len(m.recent) < m.global_min_steps:
+        m.record(m.new_request(), "speculative", accepted=0)
+    assert not m.global_speculating  # 32 rejected steps do
+    late = m.new_request()
+    assert not late.speculating and late.plain_left == 0  # plain, and probing at the next retry round
 
 
 def test_break_even_and_shape_follow_the_cost_curve():

@@ -409,7 +409,7 @@ def test_metrics_move(spec_server):
 def test_fallback_switches_off_and_back_on(dirs, reference):
     """A break-even tau no drafter reaches: every request falls back, retries, and says so."""
     engine = load(dirs["target"], dirs["drafter"], dtype="float64")
-    monitor = DriftMonitor(threshold=100.0, window=4, min_steps=2, retry_after=3)
+    monitor = DriftMonitor(threshold=100.0, window=4, min_steps=2, retry_after=3, global_min_steps=2)
     server = LiveServer(create_app(engine, MODEL, monitor=monitor))
     try:
         r = server.client().chat.completions.create(**chat_args(PROMPTS[3]))
@@ -456,7 +456,7 @@ def test_monitor_threshold_comes_from_measured_costs():
 def test_monitor_threshold_rises_with_load():
     """A request at tau 2.5 pays alone but not in a batch of 4: the padded forward of 4 trees costs
     more than the extra tokens bring (a threshold from batch-1 costs would keep it speculating)."""
-    m = DriftMonitor(window=4, min_steps=2)
+    m = DriftMonitor(window=4, min_steps=2, global_min_steps=2)
     feed(m, rows_list=(4, 1))  # latest round: batch 1
     alone = m.new_request()
     assert step(alone, m, 1) is None and step(alone, m, 2) is None  # tau 2.5 > 2.1
@@ -489,7 +489,7 @@ def test_cost_curve():
 
 
 def test_monitor_switches_off_low_acceptance_and_retries():
-    m = DriftMonitor(window=4, min_steps=3, retry_after=5)
+    m = DriftMonitor(window=4, min_steps=3, retry_after=5, global_min_steps=3)
     m.observe_round(1, 1, 1.0)
     m.observe_round(1, 4, 1.5, 1, 0.5)  # tau* = 2.0
     state = m.new_request()
@@ -508,7 +508,7 @@ def test_monitor_switches_off_low_acceptance_and_retries():
     assert state.speculating and not state.window and state.switches == 2 and m.switches_on == 1
     assert not m.global_speculating  # the global window saw only rejections: new requests start plain
     late = m.new_request()
-    assert not late.speculating and m.switches_off == 2
+    assert not late.speculating and m.switches_off == 2 and late.plain_left == 0  # due at the next retry round
 
     good = DriftMonitor(window=4, min_steps=2)
     feed(good, rows_list=(1,))
@@ -635,3 +635,43 @@ def test_rounds_that_compiled_a_graph_are_counted_in_metrics():
               for line in m.render().decode().splitlines() if line and not line.startswith("#")}
     assert values["anchorspec_compiled_rounds_total"] == 3
     assert values["anchorspec_target_forwards_total{kind=\"batched\"}"] == 5
+
+
+def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
+    """A round with one speculating row pads every batched row to its tree's width, so the rows switched
+    off draft too: each round is all-plain or all-speculative (the shape tau*(B) prices), the riders'
+    steps teach the global window, their retry countdown still runs, and every output is the solo one."""
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    monitor = DriftMonitor(threshold=1.0, retry_after=10**6)  # tau >= 1 always pays: no switch by itself
+    scheduler = Scheduler(engine, monitor=monitor, calibrate=False)
+    prompts = PROMPTS[:3]
+    loop = asyncio.new_event_loop()
+    try:
+        [scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop) for p in prompts]
+        scheduler._admit()
+        running = list(scheduler._running)
+        scheduler._round()  # the prefills
+        off = running[1].monitor_state
+        monitor._switch_off(off)  # one request off, as a bad stretch would leave it
+        plain_left = off.plain_left
+        kinds = []
+        real_round = scheduler.decoder.round
+        scheduler.decoder.round = lambda items: kinds.append([s for _, s in items]) or real_round(items)
+        scheduler._round()
+        assert kinds[-1] == [True, True, True]  # the switched-off row rides along
+        assert not off.speculating and off.window and off.plain_left < plain_left
+        for seq in running:  # every request off: the next round is all plain
+            if seq.monitor_state.speculating:
+                monitor._switch_off(seq.monitor_state)
+        scheduler._round()
+        assert kinds[-1] == [False, False, False]
+        monitor.global_min_steps = 10**6  # keep the gate open: only the rows' own states decide below
+        for seq in running:
+            seq.monitor_state.speculating = seq is running[0]
+        while scheduler._running:
+            scheduler._round()
+        outs = [seq.decoding.result().token_ids for seq in running]
+    finally:
+        loop.close()
+    assert all(set(k) == {True} or set(k) == {False} for k in kinds if None not in k)
+    assert outs == [reference[p, False].token_ids for p in prompts]

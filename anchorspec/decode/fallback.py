@@ -24,9 +24,10 @@ Once at least `min_steps` are in the window and it falls below tau*, the request
 plain decoding; after `retry_after` plain tokens it is due to speculate again with an empty
 window, which it does at the next retry round (every `retry_after` rounds, all due requests
 together: see `start_round`).
-Globally: the same rolling tau over the last `global_window` steps of all requests; while it is
-below tau*, new requests start in plain mode (and retry like the others), so a drafter that stops
-fitting the traffic stops costing every new request its first `min_steps` steps.
+Globally: the same rolling tau over the last `global_window` steps of all requests, judged once it
+holds `global_min_steps`; while it is below tau*, new requests start in plain mode and are due for
+a retry at once (they probe at the next retry round, which keeps the global window fresh), so a
+drafter that stops fitting the traffic stops costing every new request its first `min_steps` steps.
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
@@ -124,10 +125,16 @@ def at_least(verify: float, plain: float) -> float:
 
 class DriftMonitor:
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
-                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.1):
-        if not (window >= 1 and 1 <= min_steps <= window and retry_after >= 1 and global_window >= 1):
-            raise ValueError("need window >= min_steps >= 1, retry_after >= 1, global_window >= 1")
+                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.1,
+                 global_min_steps: int = 32):
+        if not (window >= 1 and 1 <= min_steps <= window and retry_after >= 1 and global_window >= 1
+                and 1 <= global_min_steps):
+            raise ValueError("need window >= min_steps >= 1, retry_after >= 1, global_window >= 1, "
+                             "global_min_steps >= 1")
         self.window, self.min_steps, self.retry_after = window, min_steps, retry_after
+        # the gate for every new request judges from more steps than one request's switch does: the
+        # first few steps of one prompt (a slow start is common) must not turn speculation off for all
+        self.global_min_steps = min(global_min_steps, global_window)
         self.fixed_threshold, self.enabled = threshold, enabled
         self.forward, self.drafting = CostCurve(smoothing), CostCurve(smoothing)
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
@@ -168,20 +175,25 @@ class DriftMonitor:
     def global_tau(self) -> float | None:
         return sum(self.recent) / len(self.recent) if self.recent else None
 
-    def _pays(self, tau: float | None, n: int) -> bool:
+    def _pays(self, tau: float | None, n: int, min_steps: int | None = None) -> bool:
         tstar = self.threshold
-        return not self.enabled or tstar is None or n < self.min_steps or tau >= tstar
+        return not self.enabled or tstar is None or n < (min_steps or self.min_steps) or tau >= tstar
 
     @property
     def global_speculating(self) -> bool:
         """Whether a new request starts speculating now."""
-        return self._pays(self.global_tau, len(self.recent))
+        return self._pays(self.global_tau, len(self.recent), self.global_min_steps)
 
     # --- per request ----------------------------------------------------------------------------
     def new_request(self) -> RequestState:
         state = RequestState(window=deque(maxlen=self.window))
         if not self.global_speculating:
             self._switch_off(state)
+            # due at once: it probes at the next retry round. Only speculative steps refresh the global
+            # window, so requests shorter than retry_after would otherwise never probe, and one bad
+            # stretch would keep speculation off for good (session 31: a server at one user never
+            # speculated again after its first request's first steps)
+            state.plain_left = 0
         return state
 
     def record(self, state: RequestState, kind: str, accepted: int = 0, tokens: int = 1) -> str | None:
@@ -193,8 +205,8 @@ class DriftMonitor:
             if state.speculating and not self._pays(state.rolling_tau, len(state.window)):
                 self._switch_off(state)
                 return "off"
-        elif kind == "plain" and not state.speculating:
-            state.plain_left -= tokens  # at 0 or below it is due for a retry (start_round)
+        if kind != "prefill" and not state.speculating:  # a step of a switched-off request (or one riding
+            state.plain_left -= tokens  # along in a speculative round): at 0 or below it is due for a retry
         return None
 
     def start_round(self, states: list[RequestState]) -> list[RequestState]:
@@ -232,8 +244,10 @@ class StreamMonitor(DriftMonitor):
     are the per-step cost curves; `forward` / `drafting` of the round-based parent stay unused."""
 
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
-                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.2):
-        super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing)
+                 threshold: float | None = None, enabled: bool = True, smoothing: float = 0.2,
+                 global_min_steps: int = 32):
+        super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing,
+                         global_min_steps)
         self.verify, self.draft = CostCurve(smoothing), CostCurve(smoothing)  # seconds per step of N tokens / depth d
         self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
         self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted

@@ -184,8 +184,12 @@ class Scheduler:
             for seq in running:
                 if id(seq.monitor_state) in retried:
                     self._count_switch(seq, "on")
-        items = [(seq.decoding, None if seq.monitor_state is None else seq.monitor_state.speculating)
-                 for seq in running]
+        # one speculating row pads every batched row to its tree's width: the rows switched off then draft
+        # too (drafting is batched, so nearly free), rather than pay the width for one token. Every round
+        # is then all-plain or all-speculative, the shape the break-even tau*(B) prices.
+        ride = self.speculative and any(seq.monitor_state.speculating for seq in running)
+        items = [(seq.decoding, None if seq.monitor_state is None
+                  else seq.monitor_state.speculating or (ride and seq.decoding.batched)) for seq in running]
         try:
             result = self.decoder.round(items)
         except Exception as exc:  # a bug outside any one sequence: fail this round's requests, keep serving
