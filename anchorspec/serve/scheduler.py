@@ -187,7 +187,7 @@ class Scheduler:
         # one speculating row pads every batched row to its tree's width: the rows switched off then draft
         # too (drafting is batched, so nearly free), rather than pay the width for one token. Every round
         # is then all-plain or all-speculative, the shape the break-even tau*(B) prices.
-        ride = self.speculative and any(seq.monitor_state.speculating for seq in running)
+        ride = self.speculative and any(seq.monitor_state.speculating and seq.decoding.batched for seq in running)
         items = [(seq.decoding, None if seq.monitor_state is None
                   else seq.monitor_state.speculating or (ride and seq.decoding.batched)) for seq in running]
         try:
