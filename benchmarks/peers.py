@@ -151,15 +151,19 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
         always = Engine(engine.target, engine.drafter, TreeShape.chain(args.chain), fallback=False)
         runs = ((plain, engine, {"speculative": False}), (spec, engine, {}), (chain, always, {}))
         for row, eng, kwargs in runs:
-            for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
-                c = eng.generate(ids, max_new_tokens=args.max_new_tokens, **kwargs)
-                s = c.stats
-                acceptance = anchorspec_acceptance(s) if kwargs.get("speculative", True) else {}
-                add_sample(row, s.new_tokens, s.total_s, c.token_ids, **acceptance)
+            time_anchorspec(row, eng, encoded, args.max_new_tokens, kwargs)
         rows += [finish(plain, None), finish(spec, plain), finish(chain, plain)]
     if "fast" not in skip:
         rows += run_fastest(args, encoded)
     return rows, engine
+
+
+def time_anchorspec(row: dict, engine, encoded: list, max_new_tokens: int, kwargs: dict) -> None:
+    """One anchorspec engine over every prompt into `row` (acceptance only where it speculates)."""
+    for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
+        c = engine.generate(ids, max_new_tokens=max_new_tokens, **kwargs)
+        acceptance = anchorspec_acceptance(c.stats) if kwargs.get("speculative", True) else {}
+        add_sample(row, c.stats.new_tokens, c.stats.total_s, c.token_ids, **acceptance)
 
 
 def run_fastest(args, encoded: list) -> list[dict]:
@@ -180,10 +184,7 @@ def run_fastest(args, encoded: list) -> list[dict]:
         engine.generate(encoded[-1], max_new_tokens=args.max_new_tokens, **kwargs)
     for row, kwargs in runs:
         warm = graphs_compiled()
-        for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
-            c = engine.generate(ids, max_new_tokens=args.max_new_tokens, **kwargs)
-            acceptance = anchorspec_acceptance(c.stats) if kwargs.get("speculative", True) else {}
-            add_sample(row, c.stats.new_tokens, c.stats.total_s, c.token_ids, **acceptance)
+        time_anchorspec(row, engine, encoded, args.max_new_tokens, kwargs)
         row["graphs_compiled_while_timed"] = graphs_compiled() - warm  # each took seconds: its row is slower
     return [finish(plain, None), finish(spec, plain)]
 
