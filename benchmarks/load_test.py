@@ -227,7 +227,10 @@ async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_
     out["concurrency"] = concurrency
     out["batch_rows_mean"] = histogram_mean("anchorspec_batch_rows", before, after)
     out["draft_rows_mean"] = histogram_mean("anchorspec_draft_rows", before, after)
-    out["break_even_tau"] = after.get("anchorspec_break_even_tau")
+    # tau*(B) averaged over the level's batched rounds: the gauge alone is the latest round's, whose B is
+    # the burst's tail (session 31 quoted 1.34 at 16 users where a round of 16 breaks even near 1.9)
+    out["break_even_tau"] = histogram_mean("anchorspec_round_break_even_tau", before, after)
+    out["break_even_tau_last"] = after.get("anchorspec_break_even_tau")
     # a round that compiled a graph (serve --compile) took seconds: a level with some is not steady state
     out["compiled_rounds"] = after.get("anchorspec_compiled_rounds_total", 0) - before.get("anchorspec_compiled_rounds_total", 0)
     out["error_samples"] = [r["error"] for r in records if r["error"]][:3]

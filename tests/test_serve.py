@@ -422,6 +422,8 @@ def test_fallback_switches_off_and_back_on(dirs, reference):
     assert metric(values, "anchorspec_fallback_switches_total", direction="on") >= 1
     assert metric(values, "anchorspec_speculation_enabled") == 0  # new requests would start plain
     assert metric(values, "anchorspec_break_even_tau") == 100.0
+    rounds = metric(values, "anchorspec_round_break_even_tau_count")  # tau*(B) of every batched round
+    assert rounds >= 1 and metric(values, "anchorspec_round_break_even_tau_sum") == 100.0 * rounds
 
 
 def step(state, monitor, accepted):

@@ -10,6 +10,7 @@ from ..decode.engine import StepReport
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TAU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0)
 
 
 class ServerMetrics:
@@ -42,6 +43,10 @@ class ServerMetrics:
         self.speculating = Gauge("anchorspec_requests_speculating", "Running sequences in speculative mode", registry=r)
         self.break_even_tau = Gauge("anchorspec_break_even_tau", "Measured break-even tau (NaN until known)",
                                     registry=r)
+        self.round_break_even_tau = Histogram(
+            "anchorspec_round_break_even_tau", "Break-even tau*(B) at each batched round's batch size B (the gauge "
+            "above is the latest only: after a burst it reads the small B at its tail)", buckets=TAU_BUCKETS,
+            registry=r)
         self.rolling_tau = Gauge("anchorspec_rolling_tau", "Global rolling tau over recent speculative steps",
                                  registry=r)
         self.target_forwards = Counter("anchorspec_target_forwards",

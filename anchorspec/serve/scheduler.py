@@ -198,6 +198,10 @@ class Scheduler:
         self.metrics.observe_round(result)
         if not result.compiled:  # a round that compiled a graph took tens of seconds: not what a round costs
             self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s)
+        if self.speculative and result.rows:
+            tstar = self.monitor.threshold_at(result.rows)
+            if tstar is not None:
+                self.metrics.round_break_even_tau.observe(tstar)
         for seq, report in zip(running, result.reports):
             self._deliver(seq, report)
 
