@@ -455,6 +455,30 @@ def test_monitor_threshold_comes_from_measured_costs():
     assert m.rows == 4 and m.threshold == m.threshold_at(4)  # the latest round's batch size
 
 
+def test_a_batched_round_speculates_on_the_rows_mean_tau_not_on_its_luckiest_row():
+    """Riders make a round all-speculative or all-plain, so the batch decides: at tau*(4) = 3.0 one row
+    at tau 4 beside three at 1.5 (mean 2.06) must not make the round speculate; rows at 3.25 must."""
+    m = DriftMonitor(window=4, min_steps=2, global_min_steps=2)
+    feed(m)
+    assert m.threshold_at(4) == pytest.approx(3.0)
+
+    def row(accepted: int, speculating: bool = True):
+        state = m.new_request()
+        for _ in range(2):
+            state.window.append(accepted + 1)
+        state.speculating = speculating
+        return state
+
+    lucky, slow = row(3), [row(0, speculating=False), row(1, speculating=False), row(1, speculating=False)]
+    assert not m.round_speculates([lucky, *slow])  # mean (4 + 1 + 2 + 2) / 4 = 2.25 < 3.0
+    assert m.round_speculates([lucky, *slow], probing=True)  # a retry round probes whatever the mean
+    assert m.round_speculates([row(2), row(2), row(3), row(2)])  # mean 3.25 >= 3.0
+    assert not m.round_speculates([row(3, speculating=False)] * 4)  # nobody speculating: plain
+    fresh = m.new_request()  # no steps yet: nothing known, so the round speculates to learn
+    assert m.round_speculates([fresh, fresh, fresh, fresh])
+    assert DriftMonitor(enabled=False, threshold=9.0).round_speculates([lucky, *slow])
+
+
 def test_monitor_threshold_rises_with_load():
     """A request at tau 2.5 pays alone but not in a batch of 4: the padded forward of 4 trees costs
     more than the extra tokens bring (a threshold from batch-1 costs would keep it speculating)."""
@@ -662,6 +686,12 @@ def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
         scheduler._round()
         assert kinds[-1] == [True, True, True]  # the switched-off row rides along
         assert not off.speculating and off.window and off.plain_left < plain_left
+        monitor.fixed_threshold = 100.0  # a break-even no batch reaches: the batch vetoes, the rows keep their modes
+        for seq in running:
+            seq.monitor_state.window.extend([1] * monitor.min_steps)
+        scheduler._round()
+        assert kinds[-1] == [False, False, False] and running[0].monitor_state.speculating
+        monitor.fixed_threshold = 1.0
         for seq in running:  # every request off: the next round is all plain
             if seq.monitor_state.speculating:
                 monitor._switch_off(seq.monitor_state)

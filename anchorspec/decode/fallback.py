@@ -28,6 +28,8 @@ Globally: the same rolling tau over the last `global_window` steps of all reques
 holds `global_min_steps`; while it is below tau*, new requests start in plain mode and are due for
 a retry at once (they probe at the next retry round, which keeps the global window fresh), so a
 drafter that stops fitting the traffic stops costing every new request its first `min_steps` steps.
+Per round (`round_speculates`): rows switched off ride along in a speculative round (a tree pads every
+row anyway), so a batched round speculates only while its rows' mean rolling tau reaches tau*(B).
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
@@ -223,6 +225,23 @@ class DriftMonitor:
             state.switches += 1
             self.switches_on += 1
         return due
+
+    def round_speculates(self, states: list[RequestState], probing: bool = False) -> bool:
+        """Whether a batched round over these rows speculates. One speculating row pads every row to
+        its tree's width, so the rows switched off ride along (they draft too) and the round is
+        all-speculative or all-plain: it costs tau*(B) plain rounds and yields the rows' accepted
+        lengths summed. So it speculates while the rows' mean rolling tau reaches tau*(B), not while
+        any one row's does: at 16 users a lucky window in one row kept every round speculating at
+        the break-even (session 31: 0.89x of plain). Rows with fewer than `min_steps` steps in their
+        window are left out of the mean (none left: it speculates, to learn); a round in which
+        requests retry (`probing`) speculates, so windows the veto left stale are refreshed."""
+        if not any(s.speculating for s in states):
+            return False
+        if probing or not self.enabled:
+            return True
+        known = [s.rolling_tau for s in states if len(s.window) >= self.min_steps]
+        tstar = self.threshold_at(len(states))
+        return not known or tstar is None or statistics.fmean(known) >= tstar
 
     def _switch_off(self, state: RequestState) -> None:
         state.speculating, state.plain_left = False, self.retry_after

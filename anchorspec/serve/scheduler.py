@@ -179,6 +179,7 @@ class Scheduler:
 
     def _round(self) -> None:
         running = list(self._running)
+        retried: set[int] = set()
         if self.speculative:
             retried = {id(state) for state in self.monitor.start_round([seq.monitor_state for seq in running])}
             for seq in running:
@@ -186,10 +187,13 @@ class Scheduler:
                     self._count_switch(seq, "on")
         # one speculating row pads every batched row to its tree's width: the rows switched off then draft
         # too (drafting is batched, so nearly free), rather than pay the width for one token. Every round
-        # is then all-plain or all-speculative, the shape the break-even tau*(B) prices.
-        ride = self.speculative and any(seq.monitor_state.speculating and seq.decoding.batched for seq in running)
+        # is then all-plain or all-speculative, the shape the break-even tau*(B) prices, and whether it
+        # speculates is the batch's decision (DriftMonitor.round_speculates), not any one row's.
+        batched = [seq.monitor_state for seq in running if seq.monitor_state is not None and seq.decoding.batched]
+        ride = self.speculative and self.monitor.round_speculates(
+            batched, probing=any(id(state) in retried for state in batched))
         items = [(seq.decoding, None if seq.monitor_state is None
-                  else seq.monitor_state.speculating or (ride and seq.decoding.batched)) for seq in running]
+                  else ride if seq.decoding.batched else seq.monitor_state.speculating) for seq in running]
         try:
             result = self.decoder.round(items)
         except Exception as exc:  # a bug outside any one sequence: fail this round's requests, keep serving
