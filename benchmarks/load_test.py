@@ -20,7 +20,7 @@ Figures (per level and server):
   tau              pooled acceptance length of the drafter server's speculative steps, with their count
                    and the drift-fallback switches (the server turns speculation off for requests where
                    it does not pay: pass --server-arg=--no-fallback to measure speculation throughout)
-  break-even tau    the drift monitor's tau* at the end of the level (the server's /metrics)
+  break-even tau   the drift monitor's tau*(B) averaged over the level's batched rounds (the server's /metrics)
   rows per forward mean sequences per batched target forward, and per lockstep drafting round
                    (the server's /metrics)
   outputs differing requests whose greedy text differs between the two servers (same prompt)
