@@ -6,14 +6,17 @@ model sees of it.
 
 For each batch size B: B MT-bench first turns (chat template) are prefilled into the server's shared
 slot cache (`BatchDecoder`, exactly the rounds `anchorspec serve` runs), then rounds alternate in
-blocks: all B rows speculating (the drafter's chain), then all B rows plain. Each round's wall time is
+blocks: all B rows speculating (the drafter's chain), then all B rows plain, then B rows of a plain
+server (PlainDecoding: no drafter state kept). Each round's wall time is
 split into drafting (the lockstep drafter passes), the batched target forward, and the rest
 (per-sequence `draft()` set-up, verification, commits, bookkeeping). Printed per B, medians over the
 rounds:
   - seconds per round of each kind, split three ways, and tokens per round (B x tau when speculating);
   - tau*: the break-even accepted length, as the server's drift monitor models it (drafting + forward
     only: decode/fallback.py) and as the whole round costs it;
-  - tokens/s of each kind and their ratio, the speedup a server at B users would see in steady decoding.
+  - tokens/s of each kind and their ratio, the speedup a server at B users would see in steady decoding;
+  - what a drafter server's plain steps cost against the plain server's (the price of keeping the
+    features the drafter will need when speculation resumes).
 CPU model, flags, torch version, threads and dtype are printed with the numbers.
 """
 
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_core import DEFAULT_DATA, environment, load_prompts, warn_if_busy  # noqa: E402
 
 from anchorspec.api import load  # noqa: E402
-from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding  # noqa: E402
+from anchorspec.decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
 from anchorspec.decode.round import BatchDecoder  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
@@ -54,7 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_rounds(decoder: BatchDecoder, decodings: list, speculate: bool, n: int) -> list[dict]:
+def run_rounds(decoder: BatchDecoder, decodings: list, speculate: bool | None, n: int) -> list[dict]:
+    """`speculate` None: the decodings are PlainDecodings (the plain server's rows)."""
     rows = []
     for _ in range(n):
         t = time.perf_counter()
@@ -75,20 +79,24 @@ def measure_batch(engine, encoded: list[list[int]], b: int, args) -> dict:
     cfg = GenerationConfig(max_new_tokens=4 * args.rounds * (args.chain + 1) + 64,
                            stop_token_ids=())  # no stop token: every row runs every round
     decoder = BatchDecoder(engine.target)
-    decodings = [SpeculativeDecoding(engine.target, EagleProposer(engine.drafter), encoded[i % len(encoded)], cfg,
-                                     shape) for i in range(b)]
-    decoder.round([(d, True) for d in decodings])  # prefills
-    run_rounds(decoder, decodings, True, 2)  # warm-up, both kinds
-    run_rounds(decoder, decodings, False, 2)
-    spec, plain = [], []
+    # one set of rows per kind: the plain kinds then advance alike (one token a round), so their
+    # rows attend over the same lengths; the speculative rows grow faster (a slight bias against them)
+    drafting = [[SpeculativeDecoding(engine.target, EagleProposer(engine.drafter), encoded[i % len(encoded)], cfg,
+                                     shape) for i in range(b)] for _ in range(2)]
+    plains = [PlainDecoding(engine.target, encoded[i % len(encoded)], cfg) for i in range(b)]
+    kinds = [(drafting[0], True), (drafting[1], False), (plains, None)]
+    for rows, speculate in kinds:
+        decoder.round([(d, speculate) for d in rows])  # prefills
+        run_rounds(decoder, rows, speculate, 2)  # warm-up
+    spec, plain, server = [], [], []
     while len(spec) < args.rounds:
-        spec += run_rounds(decoder, decodings, True, args.block)
-        plain += run_rounds(decoder, decodings, False, args.block)
-    for d in decodings:
+        for (rows, speculate), out in zip(kinds, (spec, plain, server)):
+            out += run_rounds(decoder, rows, speculate, args.block)
+    for d in drafting[0] + drafting[1] + plains:
         decoder.release(d)
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
     out = {"batch": b}
-    for name, rows in (("speculative", spec), ("plain", plain)):
+    for name, rows in (("speculative", spec), ("plain", plain), ("plain_server", server)):
         out[name] = {k: med(rows, k) for k in ("wall_s", "draft_s", "forward_s", "rest_s", "tokens")}
         out[name]["tokens_per_s"] = sum(r["tokens"] for r in rows) / sum(r["wall_s"] for r in rows)
         out[name]["compiled_rounds"] = sum(r["compiled"] for r in rows)
@@ -97,6 +105,7 @@ def measure_batch(engine, encoded: list[list[int]], b: int, args) -> dict:
     out["break_even_modelled"] = (s["draft_s"] + s["forward_s"]) / p["forward_s"]  # what DriftMonitor prices
     out["break_even_whole_round"] = s["wall_s"] / p["wall_s"]
     out["speedup"] = s["tokens_per_s"] / p["tokens_per_s"]
+    out["plain_steps_vs_plain_server"] = p["tokens_per_s"] / out["plain_server"]["tokens_per_s"]
     return out
 
 
@@ -118,7 +127,9 @@ def main(argv=None) -> None:
               f"{1e3 * s['forward_s']:6.1f}, rest {1e3 * s['rest_s']:6.1f}) | plain round {1e3 * p['wall_s']:6.1f} ms "
               f"(forward {1e3 * p['forward_s']:6.1f}, rest {1e3 * p['rest_s']:5.1f}) | tau {r['tau']:.2f}  "
               f"tau* modelled {r['break_even_modelled']:.2f}, whole round {r['break_even_whole_round']:.2f} | "
-              f"{s['tokens_per_s']:.1f} vs {p['tokens_per_s']:.1f} tok/s = {r['speedup']:.2f}x")
+              f"{s['tokens_per_s']:.1f} vs {p['tokens_per_s']:.1f} tok/s = {r['speedup']:.2f}x | plain server's round "
+              f"{1e3 * r['plain_server']['wall_s']:6.1f} ms: plain steps of a drafter server at "
+              f"{r['plain_steps_vs_plain_server']:.2f}x its speed")
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)

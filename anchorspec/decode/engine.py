@@ -307,12 +307,10 @@ class SpeculativeDecoding:
             pending = self.out.tokens[-1] if self.out.tokens else int(self.ids[-1])
             return self._begin(DraftTree(torch.tensor([pending]), [-1]), t)
         if hasattr(self.proposer, "propose_passes"):
-            yield from self.proposer.update_passes(self.sequence, self.aux)
-            self.aux = None
+            yield from self.proposer.update_passes(self.sequence, self._take_unread_aux())
             tree = yield from self.proposer.propose_passes(step_shape, self.cfg.sampling, self.gen)
         else:  # a proposer without passes drafts in one go
-            self.proposer.update(self.sequence, self.aux)
-            self.aux = None
+            self.proposer.update(self.sequence, self._take_unread_aux())
             tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
         if self.staged is not None and tree.depth > self.staged and tree.depth_ordered:
             self._whole, tree = tree, tree.levels(self.staged)[0]
@@ -351,6 +349,13 @@ class SpeculativeDecoding:
         return self.result()
 
     @torch.inference_mode()
+    def _take_unread_aux(self) -> torch.Tensor:
+        """The target features the proposer has not read yet, in one tensor. Kept as a list until
+        then: a plain stretch appends a row a step, and concatenating at each step copied the whole
+        stretch every time."""
+        parts, self._unread_aux = self._unread_aux, []
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
         """`logits` [N, V] and `aux` [N, n_aux * H] (None without a proposer): the target on the
         prepared tree's N nodes."""
@@ -378,8 +383,7 @@ class SpeculativeDecoding:
         emitted = self._emit(new)
         if self.proposer is not None:
             self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
-            path_aux = aux[verdict.path]
-            self.aux = path_aux if self.aux is None else torch.cat([self.aux, path_aux])
+            self._unread_aux.append(aux[verdict.path])
         if tree.size > 1:
             return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
                               verify_s, held)
@@ -406,7 +410,7 @@ class SpeculativeDecoding:
         token = pick_token(logits[-1], self.cfg.sampling, self.gen)
         if self.proposer is not None:
             self.sequence = torch.cat([self.ids, torch.tensor([token])])
-            self.aux = aux  # target features not yet handed to the proposer
+            self._unread_aux = [aux]
         return StepReport(self._emit([token]), "prefill", verify_s=self.stats.prefill_s)
 
 
