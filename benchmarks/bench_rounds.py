@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--batches", default="1,4,16", help="batch sizes, comma-separated")
     p.add_argument("--rounds", type=int, default=12, help="timed rounds of each kind per batch size")
-    p.add_argument("--block", type=int, default=3, help="rounds of one kind before switching to the other")
+    p.add_argument("--block", type=int, default=3, help="rounds of one kind before switching to the next")
     p.add_argument("--chain", type=int, default=3, help="draft chain length (the shape `serve` measured here)")
     p.add_argument("--out", default=None, help="also write the figures as JSON here")
     return p.parse_args(argv)

@@ -457,7 +457,7 @@ def test_monitor_threshold_comes_from_measured_costs():
 
 def test_a_batched_round_speculates_on_the_rows_mean_tau_not_on_its_luckiest_row():
     """Riders make a round all-speculative or all-plain, so the batch decides: at tau*(4) = 3.0 one row
-    at tau 4 beside three at 1.5 (mean 2.06) must not make the round speculate; rows at 3.25 must."""
+    at tau 4 beside three at 1-2 (mean 2.25) must not make the round speculate; rows at 3.25 must."""
     m = DriftMonitor(window=4, min_steps=2, global_min_steps=2)
     feed(m)
     assert m.threshold_at(4) == pytest.approx(3.0)

@@ -176,6 +176,7 @@ class SpeculativeDecoding:
         self._pending: tuple[DraftTree, float, bool] | None = None
         self._whole: DraftTree | None = None  # staged: the whole draft while its first levels are verified
         self._held: DraftTree | None = None  # staged: the subtree the next step verifies without drafting
+        self._unread_aux: list[torch.Tensor] = []  # target features of committed rows the proposer has not read
         # an AdaptiveDepth changes the shape from step to step; self.shape is then its base shape
         self.policy = shape if isinstance(shape, AdaptiveDepth) else None
         self.proposer, self.shape = proposer, shape.base if self.policy else shape
@@ -348,14 +349,14 @@ class SpeculativeDecoding:
         self.stats.fallback_switches = state.switches
         return self.result()
 
-    @torch.inference_mode()
-    def _take_unread_aux(self) -> torch.Tensor:
-        """The target features the proposer has not read yet, in one tensor. Kept as a list until
-        then: a plain stretch appends a row a step, and concatenating at each step copied the whole
-        stretch every time."""
+    def _take_unread_aux(self) -> torch.Tensor | None:
+        """The target features the proposer has not read yet, in one tensor (None: none). Kept as a
+        list until then: a plain stretch appends a row a step, and concatenating at each step copied
+        the whole stretch every time."""
         parts, self._unread_aux = self._unread_aux, []
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        return None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    @torch.inference_mode()
     def finish(self, logits: torch.Tensor, aux: torch.Tensor | None, verify_s: float) -> StepReport:
         """`logits` [N, V] and `aux` [N, n_aux * H] (None without a proposer): the target on the
         prepared tree's N nodes."""
