@@ -45,7 +45,7 @@ class FrozenCosts(StreamMonitor):
 
 def switching(**kwargs):
     """Switches as often as possible: off after one step below tau*, a retry every other step."""
-    return FrozenCosts(window=1, min_steps=1, retry_after=1, **kwargs)
+    return FrozenCosts(window=1, min_steps=1, retry_after=1, max_retry_after=1, **kwargs)  # no probe backoff
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -160,7 +160,7 @@ def test_new_generation_starts_plain_while_recent_steps_do_not_pay():
     target = tiny_target("llama")
     proposer = EagleProposer(random_drafter(target))
     monitor = FrozenCosts(plain=1.0, verify_per_token=0.15, draft_per_level=0.05, window=4, min_steps=2,
-                          retry_after=50, global_min_steps=2)
+                          retry_after=50, global_min_steps=2, max_retry_after=50)  # the probe is not skipped
     cfg = GenerationConfig(max_new_tokens=30)
     generate_speculative(target, proposer, prompts()[0], cfg, TreeShape.chain(3), fallback=monitor)
     assert monitor.kinds[:2] == ["speculative"] * 2 and monitor.global_tau < monitor.threshold

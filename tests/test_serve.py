@@ -291,6 +291,42 @@ def test_scheduler_interleaves_requests(dirs):
     assert {i for i, kind in order[:first_done] if kind == "tokens"} == {0, 1, 2}
 
 
+def test_a_scheduler_bug_fails_the_running_requests_and_the_worker_goes_on(dirs, reference):
+    """An exception outside any one sequence's decoding (here: the monitor's bookkeeping) answers the
+    running requests with an error instead of killing the worker thread, after which every request,
+    those and all later ones, would wait forever; the next request is served as usual."""
+
+    class Broken(DriftMonitor):
+        fail = True
+
+        def observe_round(self, *args, **kwargs):
+            if Broken.fail:
+                raise RuntimeError("bookkeeping bug")
+            super().observe_round(*args, **kwargs)
+
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    scheduler = Scheduler(engine, monitor=Broken(), calibrate=False)
+    scheduler.start()
+
+    async def outcome(prompt):
+        handle = scheduler.submit(engine.encode(prompt), MAX_TOKENS, 0.0)
+        while True:
+            kind, payload = await asyncio.wait_for(handle.queue.get(), timeout=60)
+            if kind != "tokens":
+                return kind, payload
+
+    try:
+        kind, message = asyncio.run(outcome(PROMPTS[0]))
+        Broken.fail = False
+        later = asyncio.run(outcome(PROMPTS[1]))
+    finally:
+        scheduler.stop()
+    assert kind == "error" and "internal scheduler error" in message
+    assert later[0] == "done" and later[1].token_ids == reference[PROMPTS[1], False].token_ids
+    assert scheduler.running_count == 0
+    assert scheduler.metrics.registry.get_sample_value("anchorspec_requests_total", {"outcome": "error"}) == 1
+
+
 # --- bad input, auth, limits -------------------------------------------------------------------
 
 def post(server, path, body=None, *, raw=None, key=KEY):
@@ -409,7 +445,8 @@ def test_metrics_move(spec_server):
 def test_fallback_switches_off_and_back_on(dirs, reference):
     """A break-even tau no drafter reaches: every request falls back, retries, and says so."""
     engine = load(dirs["target"], dirs["drafter"], dtype="float64")
-    monitor = DriftMonitor(threshold=100.0, window=4, min_steps=2, retry_after=3, global_min_steps=2)
+    monitor = DriftMonitor(threshold=100.0, window=4, min_steps=2, retry_after=3, global_min_steps=2,
+                           max_retry_after=3)  # no probe backoff: every retry round probes
     server = LiveServer(create_app(engine, MODEL, monitor=monitor))
     try:
         r = server.client().chat.completions.create(**chat_args(PROMPTS[3]))
@@ -479,6 +516,76 @@ def test_a_batched_round_speculates_on_the_rows_mean_tau_not_on_its_luckiest_row
     assert DriftMonitor(enabled=False, threshold=9.0).round_speculates([lucky, *slow])
 
 
+def test_one_probe_round_of_many_rows_is_evidence_enough_and_a_veto_switches_them_off():
+    """Pooled, the first accepted lengths of 4 probing rows decide the next round (each row's own
+    min_steps would keep a 16-row batch speculating at a loss for 4 more rounds after every probe),
+    and the vetoed rows switch off, due again after retry_after plain tokens."""
+    m = DriftMonitor(window=4, min_steps=4, retry_after=2, global_min_steps=2)
+    feed(m)  # tau*(4) = 3.0
+    rows = [m.new_request() for _ in range(4)]
+    assert m.round_speculates(rows)  # nothing known yet: learn
+    for state, accepted in zip(rows, (1, 2, 1, 1)):
+        step(state, m, accepted)  # one probe round: lengths 2, 3, 2, 2 (mean 2.25 < 3.0)
+    assert all(state.speculating for state in rows)  # no row has min_steps of its own yet
+    assert not m.round_speculates(rows)  # ... but 4 pooled lengths decide
+    assert m.veto(rows) == rows and not any(state.speculating for state in rows)
+    assert all(state.plain_left == m.retry_after for state in rows) and m.switches_off == 4
+    assert m.veto(rows) == []  # nothing left on
+    m = DriftMonitor(window=4, min_steps=4, retry_after=2, global_min_steps=2)
+    feed(m)
+    good = [m.new_request() for _ in range(4)]
+    for state in good:
+        step(state, m, 2)  # lengths 3: mean 3.0 reaches tau*(4)
+    assert m.round_speculates(good)  # negative control
+
+
+def test_probes_back_off_while_the_global_tau_is_far_below_the_break_even_at_this_batch_size():
+    """A retry round is skipped while the recent speculative steps put tau more than PROBE_MARGIN below
+    tau*(B) of the running batch, but a probe still comes every max_retry_after rounds; at a batch
+    size whose break-even the same tau clears, the retry happens on time."""
+    from anchorspec.decode.fallback import PROBE_MARGIN
+
+    def run(rows: int, global_accepted: int, rounds: int = 16) -> list[int]:
+        m = DriftMonitor(window=4, min_steps=1, retry_after=4, max_retry_after=12, global_min_steps=4)
+        feed(m)  # tau*(1) = 2.1, tau*(4) = 3.0
+        for _ in range(8):
+            m.record(m.new_request(), "speculative", accepted=global_accepted)
+        states = [m.new_request() for _ in range(rows)]
+        for state in states:
+            m._switch_off(state)
+            state.plain_left = 0  # due
+        probes = []
+        for r in range(1, rounds + 1):
+            if m.start_round(states):
+                probes.append(r)
+                for state in states:
+                    m._switch_off(state)
+                    state.plain_left = 0
+        return probes, m.probes_skipped
+
+    assert 2.5 < (1 - PROBE_MARGIN) * 3.0 and 2.5 > (1 - PROBE_MARGIN) * 2.1
+    # tau 2.5 vs tau*(4) 3.0: rounds 4 and 8 skipped, 12 probes (12 rounds since the last), 16 skipped again
+    assert run(rows=4, global_accepted=1) == ([12], 3)
+    assert run(rows=1, global_accepted=1) == ([4, 8, 12, 16], 0)  # tau*(1) 2.1: every retry round
+    assert run(rows=4, global_accepted=2) == ([4, 8, 12, 16], 0)  # tau 3.0 clears tau*(4)
+    assert DriftMonitor(retry_after=32).max_retry_after == 8 * 32
+    with pytest.raises(ValueError):
+        DriftMonitor(retry_after=32, max_retry_after=16)
+
+
+def test_a_new_request_is_judged_at_the_batch_size_it_joins():
+    """After a burst drained to one row, the latest round's tau* is batch 1's: a request joining a
+    batch of 4 must be judged at tau*(4), or a new burst starts speculating where it cannot pay."""
+    m = DriftMonitor(window=4, min_steps=2, global_min_steps=4)
+    feed(m, rows_list=(4, 1))  # latest round: batch 1, tau*(1) = 2.1; tau*(4) = 3.0
+    for accepted in (1, 2, 1, 2):
+        m.record(m.new_request(), "speculative", accepted=accepted)  # global tau 2.5
+    assert m.rows == 1 and m.global_speculating
+    assert m.new_request().speculating and m.new_request(rows=1).speculating
+    late = m.new_request(rows=4)
+    assert not late.speculating and late.plain_left == 0  # plain, due at the next retry round
+
+
 def test_monitor_threshold_rises_with_load():
     """A request at tau 2.5 pays alone but not in a batch of 4: the padded forward of 4 trees costs
     more than the extra tokens bring (a threshold from batch-1 costs would keep it speculating)."""
@@ -515,7 +622,7 @@ def test_cost_curve():
 
 
 def test_monitor_switches_off_low_acceptance_and_retries():
-    m = DriftMonitor(window=4, min_steps=3, retry_after=5, global_min_steps=3)
+    m = DriftMonitor(window=4, min_steps=3, retry_after=5, global_min_steps=3, max_retry_after=5)  # no backoff
     m.observe_round(1, 1, 1.0)
     m.observe_round(1, 4, 1.5, 1, 0.5)  # tau* = 2.0
     state = m.new_request()
@@ -663,6 +770,44 @@ def test_rounds_that_compiled_a_graph_are_counted_in_metrics():
     assert values["anchorspec_target_forwards_total{kind=\"batched\"}"] == 5
 
 
+def test_a_round_that_catches_up_on_a_plain_stretch_does_not_teach_the_drafting_cost(dirs):
+    """The first speculative round after plain ones reads every missed position's features: a one-off,
+    so its drafting time stays out of the curve tau*(B) is priced from; the rounds after it teach it."""
+
+    class Recording(DriftMonitor):
+        def observe_round(self, *args, catch_up=False, **kwargs):
+            flags.append((args[3] > 0, catch_up))  # (drafted, caught up)
+            super().observe_round(*args, catch_up=catch_up, **kwargs)
+
+    flags: list = []
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    monitor = Recording(threshold=1.0, retry_after=10**6)
+    scheduler = Scheduler(engine, monitor=monitor, calibrate=False)
+    loop = asyncio.new_event_loop()
+    try:
+        for p in PROMPTS[:2]:
+            scheduler.submit(engine.encode(p), 40, 0.0, loop=loop)
+        scheduler._admit()
+        states = [seq.monitor_state for seq in scheduler._running]
+        scheduler._round()  # prefills
+        scheduler._round()  # speculative, straight after the prefill: nothing to catch up on
+        monitor.veto(states)
+        scheduler._round()
+        scheduler._round()  # two plain rounds
+        for state in states:
+            state.speculating = True
+        before = dict(monitor.drafting.points)
+        scheduler._round()  # speculative: the drafters read the two plain rounds' features first
+        assert {k: list(v) for k, v in monitor.drafting.points.items()} == {k: list(v) for k, v in before.items()}
+        scheduler._round()  # speculative again: a steady round
+    finally:
+        loop.close()
+    assert flags[1:] == [(True, False), (False, False), (False, False), (True, True), (True, False)]
+    m = DriftMonitor()
+    m.observe_round(4, 4, 1.0, 4, 9.0, catch_up=True)
+    assert m.drafting.points == {} and m.width == 4  # the width is still the latest drafting round's
+
+
 def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
     """A round with one speculating row pads every batched row to its tree's width, so the rows switched
     off draft too: each round is all-plain or all-speculative (the shape tau*(B) prices), the riders'
@@ -686,11 +831,12 @@ def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
         scheduler._round()
         assert kinds[-1] == [True, True, True]  # the switched-off row rides along
         assert not off.speculating and off.window and off.plain_left < plain_left
-        monitor.fixed_threshold = 100.0  # a break-even no batch reaches: the batch vetoes, the rows keep their modes
+        monitor.fixed_threshold = 100.0  # a break-even no batch reaches: the batch vetoes, and its rows switch off
         for seq in running:
             seq.monitor_state.window.extend([1] * monitor.min_steps)
+        assert running[0].monitor_state.speculating
         scheduler._round()
-        assert kinds[-1] == [False, False, False] and running[0].monitor_state.speculating
+        assert kinds[-1] == [False, False, False] and not running[0].monitor_state.speculating
         monitor.fixed_threshold = 1.0
         for seq in running:  # every request off: the next round is all plain
             if seq.monitor_state.speculating:

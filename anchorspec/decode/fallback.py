@@ -29,7 +29,12 @@ holds `global_min_steps`; while it is below tau*, new requests start in plain mo
 a retry at once (they probe at the next retry round, which keeps the global window fresh), so a
 drafter that stops fitting the traffic stops costing every new request its first `min_steps` steps.
 Per round (`round_speculates`): rows switched off ride along in a speculative round (a tree pads every
-row anyway), so a batched round speculates only while its rows' mean rolling tau reaches tau*(B).
+row anyway), so a batched round speculates only while the accepted lengths in its rows' windows,
+pooled, average at least tau*(B); a round that decides plain switches its rows off (`veto`).
+Probes back off: a retry round is skipped while the global tau sits more than `PROBE_MARGIN` below
+tau* at the current batch size, up to `max_retry_after` rounds since the last probe. A probe that
+such a wide margin says will fail costs a speculative round at a loss, and the drafter's catch-up on
+every row's missed features, for nothing (session 32: what kept 16 users at 0.95x of plain).
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
@@ -125,15 +130,23 @@ def at_least(verify: float, plain: float) -> float:
     return max(verify, plain)
 
 
+PROBE_MARGIN = 0.1  # retries are skipped while the global tau is this far (relative) below tau*
+PROBE_BACKOFF = 8  # ... but at least every PROBE_BACKOFF * retry_after rounds: the traffic may have changed
+
+
 class DriftMonitor:
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
                  threshold: float | None = None, enabled: bool = True, smoothing: float = 0.1,
-                 global_min_steps: int = 32):
-        if not (window >= 1 and 1 <= min_steps <= window and retry_after >= 1 and global_window >= 1
-                and 1 <= global_min_steps):
-            raise ValueError("need window >= min_steps >= 1, retry_after >= 1, global_window >= 1, "
-                             "global_min_steps >= 1")
+                 global_min_steps: int = 32, max_retry_after: int | None = None):
+        max_retry_after = PROBE_BACKOFF * retry_after if max_retry_after is None else max_retry_after
+        if not (window >= 1 and 1 <= min_steps <= window and 1 <= retry_after <= max_retry_after
+                and global_window >= 1 and 1 <= global_min_steps):
+            raise ValueError("need window >= min_steps >= 1, max_retry_after >= retry_after >= 1, "
+                             "global_window >= 1, global_min_steps >= 1")
         self.window, self.min_steps, self.retry_after = window, min_steps, retry_after
+        self.max_retry_after = max_retry_after
+        self.last_probe = 0  # the round of the latest retry
+        self.probes_skipped = 0
         # the gate for every new request judges from more steps than one request's switch does: the
         # first few steps of one prompt (a slow start is common) must not turn speculation off for all
         self.global_min_steps = min(global_min_steps, global_window)
@@ -147,14 +160,18 @@ class DriftMonitor:
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_round(self, rows: int, width: int, forward_s: float, draft_rows: int = 0,
-                      draft_s: float = 0.0) -> None:
+                      draft_s: float = 0.0, catch_up: bool = False) -> None:
         """One round: `rows` sequences padded to `width` tokens in a forward of `forward_s`, and
-        `draft_rows` of them drafting for `draft_s` (0 rows: no drafting)."""
+        `draft_rows` of them drafting for `draft_s` (0 rows: no drafting). `catch_up`: the drafters
+        first read the features of a plain stretch (up to retry_after positions a row), a one-off of
+        switching on that is not what a speculative round costs: its drafting time is not learned
+        (session 33: probes' catch-ups put the mean tau*(16) at 5.0 against 2.1 for steady rounds)."""
         if rows:
             self.rows = rows
             self.forward.add(rows * width, forward_s)
         if draft_rows:
-            self.drafting.add(draft_rows, draft_s)
+            if not catch_up:
+                self.drafting.add(draft_rows, draft_s)
             self.width = width
 
     def threshold_at(self, rows: int) -> float | None:
@@ -177,19 +194,22 @@ class DriftMonitor:
     def global_tau(self) -> float | None:
         return sum(self.recent) / len(self.recent) if self.recent else None
 
-    def _pays(self, tau: float | None, n: int, min_steps: int | None = None) -> bool:
-        tstar = self.threshold
+    def _pays(self, tau: float | None, n: int, min_steps: int | None = None, rows: int | None = None) -> bool:
+        tstar = self.threshold if rows is None else self.threshold_at(rows)
         return not self.enabled or tstar is None or n < (min_steps or self.min_steps) or tau >= tstar
 
     @property
     def global_speculating(self) -> bool:
-        """Whether a new request starts speculating now."""
+        """Whether a new request starts speculating now (at the latest round's batch size)."""
         return self._pays(self.global_tau, len(self.recent), self.global_min_steps)
 
     # --- per request ----------------------------------------------------------------------------
-    def new_request(self) -> RequestState:
+    def new_request(self, rows: int | None = None) -> RequestState:
+        """A request's state; `rows`: the batch size it joins (default: the latest round's). Judged at
+        the batch it joins: after a burst drained to a few rows, the last round's tau* is a small
+        batch's, and a new burst of 16 would all start speculating (session 33: 4 wasted rounds)."""
         state = RequestState(window=deque(maxlen=self.window))
-        if not self.global_speculating:
+        if not self._pays(self.global_tau, len(self.recent), self.global_min_steps, rows):
             self._switch_off(state)
             # due at once: it probes at the next retry round. Only speculative steps refresh the global
             # window, so requests shorter than retry_after would otherwise never probe, and one bad
@@ -220,28 +240,51 @@ class DriftMonitor:
         if self.rounds % self.retry_after:
             return []
         due = [s for s in states if not s.speculating and s.plain_left <= 0]
+        if not due:
+            return []
+        if self.rounds - self.last_probe < self.max_retry_after and self._probe_futile(len(states)):
+            self.probes_skipped += 1
+            return []
+        self.last_probe = self.rounds
         for state in due:
             state.speculating, state.window = True, deque(maxlen=self.window)
             state.switches += 1
             self.switches_on += 1
         return due
 
+    def _probe_futile(self, rows: int) -> bool:
+        """Whether the recent speculative steps of all requests put tau so far below tau*(rows) that a
+        probe now would only confirm it (see the module docstring)."""
+        tstar, tau = self.threshold_at(rows), self.global_tau
+        return (self.enabled and tstar is not None and len(self.recent) >= self.global_min_steps
+                and tau < (1 - PROBE_MARGIN) * tstar)
+
     def round_speculates(self, states: list[RequestState], probing: bool = False) -> bool:
         """Whether a batched round over these rows speculates. One speculating row pads every row to
         its tree's width, so the rows switched off ride along (they draft too) and the round is
         all-speculative or all-plain: it costs tau*(B) plain rounds and yields the rows' accepted
-        lengths summed. So it speculates while the rows' mean rolling tau reaches tau*(B), not while
-        any one row's does: at 16 users a lucky window in one row kept every round speculating at
-        the break-even (session 31: 0.89x of plain). Rows with fewer than `min_steps` steps in their
-        window are left out of the mean (none left: it speculates, to learn); a round in which
-        requests retry (`probing`) speculates, so windows the veto left stale are refreshed."""
+        lengths summed. So it speculates while the accepted lengths in the rows' windows, pooled,
+        average at least tau*(B), not while any one row's do: at 16 users a lucky window in one row
+        kept every round speculating at the break-even (session 31: 0.89x of plain). Pooled, one
+        probe round of 16 rows is evidence enough; each row's own `min_steps` would have kept the
+        batch speculating for 4 more rounds after every probe. Fewer than `min_steps` steps in all:
+        it speculates, to learn; a round in which requests retry (`probing`) speculates."""
         if not any(s.speculating for s in states):
             return False
         if probing or not self.enabled:
             return True
-        known = [s.rolling_tau for s in states if len(s.window) >= self.min_steps]
+        known = [length for s in states for length in s.window]
         tstar = self.threshold_at(len(states))
-        return not known or tstar is None or statistics.fmean(known) >= tstar
+        return len(known) < self.min_steps or tstar is None or statistics.fmean(known) >= tstar
+
+    def veto(self, states: list[RequestState]) -> list[RequestState]:
+        """A batched round decided plain (`round_speculates`): the rows still speculating switch off
+        (returned), due for a retry after `retry_after` plain tokens like any switched-off row. Left
+        on, they would never be due, and the batch would probe again only when a request arrived."""
+        vetoed = [s for s in states if s.speculating]
+        for state in vetoed:
+            self._switch_off(state)
+        return vetoed
 
     def _switch_off(self, state: RequestState) -> None:
         state.speculating, state.plain_left = False, self.retry_after
@@ -264,9 +307,9 @@ class StreamMonitor(DriftMonitor):
 
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
                  threshold: float | None = None, enabled: bool = True, smoothing: float = 0.2,
-                 global_min_steps: int = 32):
+                 global_min_steps: int = 32, max_retry_after: int | None = None):
         super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing,
-                         global_min_steps)
+                         global_min_steps, max_retry_after)
         self.verify, self.draft = CostCurve(smoothing), CostCurve(smoothing)  # seconds per step of N tokens / depth d
         self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
         self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted

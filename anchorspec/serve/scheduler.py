@@ -16,7 +16,9 @@ A failing sequence gets an error event and is dropped; the others go on.
 
 Drift monitor: each round's costs (padded tokens and time of the batched forward, drafting rows
 and time) feed its cost lines, so the break-even tau it compares each request's rolling tau with
-is the one of the current batch size (decode/fallback.py).
+is the one of the current batch size (decode/fallback.py). A round is all-speculative or all-plain,
+decided by the batch (DriftMonitor.round_speculates); the first speculative round after plain ones
+has its drafters catch up on the missed positions, a one-off kept out of the drafting cost.
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.
@@ -96,6 +98,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._rode = True  # whether the latest batched round speculated (after a plain one, drafters catch up)
         self.ready = threading.Event()  # set once calibration is done and the loop runs
 
     # --- control --------------------------------------------------------------------------------
@@ -157,7 +160,14 @@ class Scheduler:
                 if seq.handle.cancelled.is_set():
                     self._finish(seq, "cancelled")
             if self._running:
-                self._round()
+                try:
+                    self._round()
+                except Exception:  # a bug in the scheduler's own bookkeeping: without this the worker thread
+                    # would die and every request, this one and all later ones, would hang unanswered
+                    log.exception("scheduler round failed")
+                    for seq in list(self._running):
+                        seq.handle._put(("error", "generation failed: internal scheduler error"))
+                        self._finish(seq, "error")
             self._update_gauges()
         for seq in list(self._running) + list(self._waiting):
             seq.handle._put(("error", "the server is shutting down"))
@@ -165,17 +175,19 @@ class Scheduler:
         self._waiting.clear()
 
     def _admit(self) -> None:
+        admitted = []
         while self._waiting and len(self._running) < self.max_running:
             seq = self._waiting.popleft()
             if seq.handle.cancelled.is_set():
                 self.metrics.requests.labels("cancelled").inc()
                 continue
-            if self.speculative:
-                seq.monitor_state = self.monitor.new_request()
-                if not seq.monitor_state.speculating:
-                    self._count_switch(seq, "off")
             self.metrics.prompt_tokens.inc(seq.decoding.stats.prompt_tokens)
             self._running.append(seq)
+            admitted.append(seq)
+        for seq in admitted if self.speculative else ():  # judged at the batch size they join
+            seq.monitor_state = self.monitor.new_request(rows=len(self._running))
+            if not seq.monitor_state.speculating:
+                self._count_switch(seq, "off")
 
     def _round(self) -> None:
         running = list(self._running)
@@ -190,8 +202,12 @@ class Scheduler:
         # is then all-plain or all-speculative, the shape the break-even tau*(B) prices, and whether it
         # speculates is the batch's decision (DriftMonitor.round_speculates), not any one row's.
         batched = [seq.monitor_state for seq in running if seq.monitor_state is not None and seq.decoding.batched]
+        by_state = {id(seq.monitor_state): seq for seq in running}
         ride = self.speculative and self.monitor.round_speculates(
             batched, probing=any(id(state) in retried for state in batched))
+        if self.speculative and batched and not ride:
+            for state in self.monitor.veto(batched):
+                self._count_switch(by_state[id(state)], "off")
         items = [(seq.decoding, None if seq.monitor_state is None
                   else ride if seq.decoding.batched else seq.monitor_state.speculating) for seq in running]
         try:
@@ -201,7 +217,10 @@ class Scheduler:
             result = RoundResult([exc] * len(running))
         self.metrics.observe_round(result)
         if not result.compiled:  # a round that compiled a graph took tens of seconds: not what a round costs
-            self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s)
+            self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s,
+                                       catch_up=ride and not self._rode)
+        if batched:  # a round of prefills only leaves the drafters as they were
+            self._rode = ride
         if self.speculative and result.rows:
             tstar = self.monitor.threshold_at(result.rows)
             if tstar is not None:
@@ -255,20 +274,21 @@ class Scheduler:
         each batch size, through the batched path, on a BatchDecoder of its own."""
         target = self.engine.target
         prompt = [i % target.vocab_size for i in range(16)]
-        cfg = GenerationConfig(max_new_tokens=1 + steps + steps * (self.shape.depth + 1) + 1)
+        cfg = GenerationConfig(max_new_tokens=1 + steps + (steps + 1) * (self.shape.depth + 1) + 1)
         for rows in batches:
             decs = [SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
                     for _ in range(rows)]
             decoder = BatchDecoder(target)
             try:
-                for speculate in [True] + [False] * steps + [True] * steps:  # prefills, plain, speculative
+                kinds = [True] + [False] * steps + [True] * (steps + 1)  # prefills, plain, speculative
+                for k, speculate in enumerate(kinds):
                     result = decoder.round([(dec, speculate) for dec in decs if not dec.finished])
                     failed = [r for r in result.reports if isinstance(r, BaseException)]
                     if failed:
                         raise failed[0]
                     if not result.compiled:
-                        self.monitor.observe_round(result.rows, result.width, result.forward_s,
-                                                   result.draft_rows, result.draft_s)
+                        self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows,
+                                                   result.draft_s, catch_up=k > 0 and speculate and not kinds[k - 1])
             finally:
                 for dec in decs:
                     decoder.release(dec)
