@@ -34,7 +34,8 @@ pooled, average at least tau*(B); a round that decides plain switches its rows o
 Probes back off: a retry round is skipped while the global tau sits more than `PROBE_MARGIN` below
 tau* at the current batch size, up to `max_retry_after` rounds since the last probe. A probe that
 such a wide margin says will fail costs a speculative round at a loss, and the drafter's catch-up on
-every row's missed features, for nothing (session 32: what kept 16 users at 0.95x of plain).
+every row's missed features, for nothing (session 33: at 16 users a speculative round cost ~4.7
+plain rounds for ~2 tokens a row, and such rounds were all a drafter server lost to a plain one).
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
@@ -163,9 +164,10 @@ class DriftMonitor:
                       draft_s: float = 0.0, catch_up: bool = False) -> None:
         """One round: `rows` sequences padded to `width` tokens in a forward of `forward_s`, and
         `draft_rows` of them drafting for `draft_s` (0 rows: no drafting). `catch_up`: the drafters
-        first read the features of a plain stretch (up to retry_after positions a row), a one-off of
+        first read the features of a plain stretch (all its positions, in every row), a one-off of
         switching on that is not what a speculative round costs: its drafting time is not learned
-        (session 33: probes' catch-ups put the mean tau*(16) at 5.0 against 2.1 for steady rounds)."""
+        (session 33: with them the mean tau*(16) a server priced reached 5.0 in one load test; steady
+        rounds put it at 2.1)."""
         if rows:
             self.rows = rows
             self.forward.add(rows * width, forward_s)
