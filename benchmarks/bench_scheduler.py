@@ -86,11 +86,13 @@ def serve_load(scheduler: Scheduler, prompts: list[list[int]], args, loop) -> tu
         return registry.get_sample_value("anchorspec_generated_tokens_total") or 0.0
 
     tokens0, t = generated(), time.perf_counter()
-    while scheduler._running or scheduler._waiting:
-        scheduler._admit()
-        before = len(scheduler._running) + len(scheduler._waiting)
-        scheduler._round()
-        for _ in range(before - len(scheduler._running) - len(scheduler._waiting)):
+    def active() -> int:
+        return scheduler.running_count + scheduler.waiting_count
+
+    while active():
+        before = active()
+        scheduler.step()
+        for _ in range(before - active()):  # a new request for each one that finished
             if submitted < args.requests:
                 submit()
     return time.perf_counter() - t, generated() - tokens0
@@ -125,7 +127,7 @@ def main(argv=None) -> None:
     for name, engine in servers.items():
         scheduler = Scheduler(engine, max_running=args.users, calibrate=False)
         if scheduler.speculative:
-            scheduler._calibrate()  # what `serve` does before it takes requests
+            scheduler.calibrate()  # what `serve` does before it takes requests
         runs[name] = (scheduler, Recorder(scheduler), [engine.encode(t, chat=True) for t in texts], [])
     print(f"dtype {drafter.target.dtype}, {args.users} users, {args.requests} requests of {args.max_tokens} tokens")
     for rep in range(args.repeats):

@@ -121,6 +121,10 @@ class Scheduler:
     def running_count(self) -> int:
         return len(self._running)
 
+    @property
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
     # --- submission (event-loop thread) ---------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                seed: int | None = None, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
@@ -144,7 +148,7 @@ class Scheduler:
     def _loop(self) -> None:
         if self._calibrate_first:
             try:
-                self._calibrate()
+                self.calibrate()
             except Exception:  # calibration is an optimisation; the monitor then learns from traffic
                 log.exception("calibration failed")
         self._update_gauges()
@@ -155,24 +159,31 @@ class Scheduler:
                     self._cond.wait(timeout=1.0)
                 if self._stop:
                     break
-                self._admit()
-            for seq in list(self._running):
-                if seq.handle.cancelled.is_set():
-                    self._finish(seq, "cancelled")
-            if self._running:
-                try:
-                    self._round()
-                except Exception:  # a bug in the scheduler's own bookkeeping: without this the worker thread
-                    # would die and every request, this one and all later ones, would hang unanswered
-                    log.exception("scheduler round failed")
-                    for seq in list(self._running):
-                        seq.handle._put(("error", "generation failed: internal scheduler error"))
-                        self._finish(seq, "error")
-            self._update_gauges()
+            self.step()
         for seq in list(self._running) + list(self._waiting):
             seq.handle._put(("error", "the server is shutting down"))
         self._running.clear()
         self._waiting.clear()
+
+    def step(self) -> None:
+        """One iteration of the worker: admit waiting requests, drop cancelled ones, run one round.
+        The worker thread calls it; a benchmark or test that drives the scheduler from its own
+        thread (no `start()`) may call it instead."""
+        with self._cond:
+            self._admit()
+        for seq in list(self._running):
+            if seq.handle.cancelled.is_set():
+                self._finish(seq, "cancelled")
+        if self._running:
+            try:
+                self._round()
+            except Exception:  # a bug in the scheduler's own bookkeeping: without this the worker thread
+                # would die and every request, this one and all later ones, would hang unanswered
+                log.exception("scheduler round failed")
+                for seq in list(self._running):
+                    seq.handle._put(("error", "generation failed: internal scheduler error"))
+                    self._finish(seq, "error")
+        self._update_gauges()
 
     def _admit(self) -> None:
         admitted = []
@@ -269,7 +280,7 @@ class Scheduler:
         m.break_even_tau.set(float("nan") if tstar is None else tstar)
         m.rolling_tau.set(float("nan") if tau is None else tau)
 
-    def _calibrate(self, steps: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
+    def calibrate(self, steps: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
         """Seed the monitor's cost lines with a few plain and speculative rounds on a dummy prompt at
         each batch size, through the batched path, on a BatchDecoder of its own."""
         target = self.engine.target
