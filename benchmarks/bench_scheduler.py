@@ -26,8 +26,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_core import DEFAULT_DATA, environment, load_prompts, warn_if_busy  # noqa: E402

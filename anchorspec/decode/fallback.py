@@ -203,7 +203,11 @@ class DriftMonitor:
     @property
     def global_speculating(self) -> bool:
         """Whether a new request starts speculating now (at the latest round's batch size)."""
-        return self._pays(self.global_tau, len(self.recent), self.global_min_steps)
+        return self.global_speculating_at()
+
+    def global_speculating_at(self, rows: int | None = None) -> bool:
+        """Whether a new request joining a batch of `rows` starts speculating (None: the latest round's)."""
+        return self._pays(self.global_tau, len(self.recent), self.global_min_steps, rows)
 
     # --- per request ----------------------------------------------------------------------------
     def new_request(self, rows: int | None = None) -> RequestState:
@@ -211,7 +215,7 @@ class DriftMonitor:
         the batch it joins: after a burst drained to a few rows, the last round's tau* is a small
         batch's, and a new burst of 16 would all start speculating (session 33: 4 wasted rounds)."""
         state = RequestState(window=deque(maxlen=self.window))
-        if not self._pays(self.global_tau, len(self.recent), self.global_min_steps, rows):
+        if not self.global_speculating_at(rows):
             self._switch_off(state)
             # due at once: it probes at the next retry round. Only speculative steps refresh the global
             # window, so requests shorter than retry_after would otherwise never probe, and one bad

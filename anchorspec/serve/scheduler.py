@@ -213,12 +213,13 @@ class Scheduler:
         # is then all-plain or all-speculative, the shape the break-even tau*(B) prices, and whether it
         # speculates is the batch's decision (DriftMonitor.round_speculates), not any one row's.
         batched = [seq.monitor_state for seq in running if seq.monitor_state is not None and seq.decoding.batched]
-        by_state = {id(seq.monitor_state): seq for seq in running}
         ride = self.speculative and self.monitor.round_speculates(
             batched, probing=any(id(state) in retried for state in batched))
         if self.speculative and batched and not ride:
-            for state in self.monitor.veto(batched):
-                self._count_switch(by_state[id(state)], "off")
+            vetoed = {id(state) for state in self.monitor.veto(batched)}
+            for seq in running:
+                if id(seq.monitor_state) in vetoed:
+                    self._count_switch(seq, "off")
         items = [(seq.decoding, None if seq.monitor_state is None
                   else ride if seq.decoding.batched else seq.monitor_state.speculating) for seq in running]
         try:
