@@ -97,6 +97,29 @@ def test_instruction_json_array_and_question_jsonl(tmp_path):
         ("gsm.jsonl:1", [{"role": "user", "content": "2+2?"}])]
 
 
+def test_a_prompt_rows_own_id_names_it_so_same_named_files_do_not_collide(tmp_path):
+    """synth-prompts writes ids per seed and draw. Two runs' files of the same name must give different
+    ids, or --skip-packed takes the second file's prompts for the first's, already answered (session
+    34: 4,000 Magpie prompts of seed 33 skipped as packed seed-32 ones). Rows without an id keep
+    name:index; an id that names two rows is refused."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    write_jsonl(a / "magpie-prompts.jsonl", [{"id": "magpie:32:0", "prompt": "x"}, {"id": "magpie:32:4", "prompt": "y"}])
+    write_jsonl(b / "magpie-prompts.jsonl", [{"id": "magpie:33:1", "prompt": "z"}, {"prompt": "w"}])
+    assert [it.id for it in read_prompt_items(str(a / "magpie-prompts.jsonl"))] == ["magpie:32:0", "magpie:32:4"]
+    assert [it.id for it in read_prompt_items(str(b / "magpie-prompts.jsonl"))] == ["magpie:33:1", "magpie-prompts.jsonl:1"]
+    arr = tmp_path / "own.json"
+    arr.write_text(json.dumps([{"id": "q-7", "instruction": "do x"}]))
+    assert [it.id for it in read_prompt_items(str(arr))] == ["q-7"]
+    write_jsonl(tmp_path / "dup.jsonl", [{"id": "same", "prompt": "x"}, {"id": "same", "prompt": "y"}])
+    with pytest.raises(AnchorspecError, match="names two prompts"):
+        read_prompt_items(str(tmp_path / "dup.jsonl"))
+    own = write_jsonl(tmp_path / "own.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(30)])
+    subset = read_prompt_items(str(own), limit=5, seed=3)  # a seeded subset of rows with their own ids
+    assert [it.id for it in subset] == sorted((it.id for it in subset), key=lambda s: int(s[1:]))  # file order
+    assert all(it.messages[0]["content"] == "p" + it.id[1:] for it in subset)
+
+
 def test_limit_is_a_seeded_reproducible_subset(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"p{i}"} for i in range(30)])
     full = read_prompt_items(str(path))

@@ -96,7 +96,10 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
     """Prompts to answer from one source: ``sharegpt`` (the PyPI dump), a ShareGPT JSON array,
     OpenAI ``messages`` JSONL (up to the first user turn), MT-bench ``turns`` (first turn), or a
     JSON/JSONL list of objects with a prompt/instruction/question field. ``limit`` keeps a seeded
-    random subset (stable ids: the source name plus the row index). With ``turns="all"`` a
+    random subset. Ids are stable: the source's file name plus the row index, or a prompt row's own
+    string ``id`` (synth-prompts writes one per seed and draw: two files of the same name from
+    different seeds must not share ids, or --skip-packed would skip the second one's prompts as
+    answered; session 34 found 4,000 Magpie prompts skipped so). With ``turns="all"`` a
     conversation source (ShareGPT, messages) also yields its later user turns, to be answered in
     order with the target's own earlier replies as context."""
     if turns not in TURNS:
@@ -126,7 +129,8 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
                     items.append(PromptItem(f"{name}:{i}", msgs, later))
         else:
             for i, (line, row) in enumerate(iter_json_array(text, real, ReadStats())):
-                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": prompt_text(row, f"{real}:{line}")}]))
+                items.append(PromptItem(_row_id(row, name, i), [{"role": "user",
+                                                                 "content": prompt_text(row, f"{real}:{line}")}]))
     else:
         for i, (line, row) in enumerate(jsonl_rows(real, text)):
             if isinstance(row, dict) and isinstance(row.get("messages"), list):
@@ -136,13 +140,25 @@ def read_prompt_items(path: str, limit: int | None = None, seed: int = 0, turns:
                     raise AnchorspecError(f"{real}:{line}: 'messages' holds no user turn")
                 items.append(PromptItem(f"{name}:{i}", msgs, _later_user_turns(conv) if turns == "all" else ()))
             else:
-                items.append(PromptItem(f"{name}:{i}", [{"role": "user", "content": prompt_text(row, f"{real}:{line}")}]))
+                items.append(PromptItem(_row_id(row, name, i), [{"role": "user",
+                                                                 "content": prompt_text(row, f"{real}:{line}")}]))
     if not items:
         raise AnchorspecError(f"{path}: no prompts found")
+    seen: set[str] = set()
+    for it in items:
+        if it.id in seen:
+            raise AnchorspecError(f"{path}: the id {it.id!r} names two prompts; ids must be unique")
+        seen.add(it.id)
     if limit is not None and limit < len(items):
-        rng = random.Random(seed)
-        items = sorted(rng.sample(items, limit), key=lambda it: int(it.id.rsplit(":", 1)[1]))
+        keep = set(random.Random(seed).sample(range(len(items)), limit))
+        items = [it for k, it in enumerate(items) if k in keep]  # in file order
     return items
+
+
+def _row_id(row, name: str, index: int) -> str:
+    """A prompt row's own string id if it has one, else the file name and the row index."""
+    own = row.get("id") if isinstance(row, dict) else None
+    return own if isinstance(own, str) and own else f"{name}:{index}"
 
 
 LATER = "#later"  # id suffix of a conversation continued past the reply a corpus holds
