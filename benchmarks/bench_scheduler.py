@@ -11,7 +11,8 @@ requests running (MT-bench first turns, chat template, T=0) until `--requests` w
 three alternate per repeat, so load on the machine hits them alike. Printed: output tokens/s per
 repeat, and per server the rounds split by kind (plain, speculative, with prefills) with their
 wall time, drafting and target-forward time, the plain rounds' milliseconds per row, and when the
-drafter server speculated (round index, rows, drafting and wall seconds). The HTTP load test
+drafter server speculated (round index, rows, drafting rows, drafting and wall seconds; "apart": a
+probe whose few speculating rows ran in a forward of their own beside the plain rows'). The HTTP load test
 (`load_test.py`) measures what a client sees; this one says why, with less run-to-run noise.
 CPU model, flags, torch version, threads and dtype are printed with the numbers.
 """
@@ -56,12 +57,13 @@ class Recorder:
         self.rounds: list[dict] = []
         real = scheduler.decoder.round
 
-        def timed(items):
+        def timed(items, split=False):
             t = time.perf_counter()
-            result = real(items)
+            result = real(items, split)
             self.rounds.append({"rows": result.rows, "width": result.width, "prefills": result.prefills,
                                 "draft_s": result.draft_s, "forward_s": result.forward_s,
-                                "wall_s": time.perf_counter() - t})
+                                "wall_s": time.perf_counter() - t, "split": len(result.forwards) > 1,
+                                "drafting_rows": result.draft_rows})
             return result
 
         scheduler.decoder.round = timed
@@ -99,7 +101,8 @@ def serve_load(scheduler: Scheduler, prompts: list[list[int]], args, loop) -> tu
 def summarise(rounds: list[dict]) -> dict:
     kinds = defaultdict(lambda: {"rounds": 0, "wall_s": 0.0, "draft_s": 0.0, "forward_s": 0.0})
     for r in rounds:
-        kind = "prefill" if not r["rows"] else ("speculative" if r["width"] > 1 else "plain")
+        kind = "prefill" if not r["rows"] else ("plain" if r["width"] == 1 else
+                                                 "speculative, apart" if r.get("split") else "speculative")
         kind += "+prefill" if r["prefills"] and r["rows"] else ""
         for key in ("wall_s", "draft_s", "forward_s"):
             kinds[kind][key] += r[key]
@@ -107,8 +110,8 @@ def summarise(rounds: list[dict]) -> dict:
     plain = [r for r in rounds if r["rows"] and r["width"] == 1 and not r["prefills"]]
     return {"kinds": dict(kinds),
             "plain_ms_per_row": 1000 * sum(r["wall_s"] for r in plain) / max(1, sum(r["rows"] for r in plain)),
-            "speculative_rounds": [(i, r["rows"], round(r["draft_s"], 3), round(r["wall_s"], 3))
-                                   for i, r in enumerate(rounds) if r["width"] > 1]}
+            "speculative_rounds": [(i, r["rows"], r.get("drafting_rows", r["rows"]), round(r["draft_s"], 3),
+                                    round(r["wall_s"], 3)) for i, r in enumerate(rounds) if r["width"] > 1]}
 
 
 def main(argv=None) -> None:
@@ -142,7 +145,7 @@ def main(argv=None) -> None:
             print(f"  {kind:22s} {k['rounds']:5d} rounds  {k['wall_s']:7.2f} s  (drafting {k['draft_s']:.2f}, "
                   f"forward {k['forward_s']:.2f})")
         if summary["speculative_rounds"]:
-            print("  speculative rounds (index, rows, drafting s, wall s):", summary["speculative_rounds"])
+            print("  speculative rounds (index, rows, drafting rows, drafting s, wall s):", summary["speculative_rounds"])
     base = runs["plain"][3]
     ratios = [d / p for d, p in zip(runs["drafter"][3], base)]
     print(f"\ndrafter / plain server, per repeat: {' '.join(f'{r:.3f}x' for r in ratios)}")

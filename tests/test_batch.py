@@ -143,6 +143,49 @@ def test_speculation_toggled_per_round_stays_lossless():
     assert any(rows == 3 and tokens < rows * width for rows, width, tokens in widths)  # padded rows ran
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_split_rounds_run_plain_rows_apart_and_stay_lossless(family):
+    """`split`: the plain rows' 1-node trees get a forward of their own, apart from the speculating rows'
+    trees (the server's cheap probes). Rows switched on and off per row and per round, in float64:
+    every output equals plain greedy, every sequence takes its solo steps, and each mixed round ran
+    exactly two forwards, one of width 1."""
+    target = tiny_target(family, seed=2)
+    drafter = random_drafter(target, seed=3)
+    prompts = make_prompts([6, 13, 4, 9], 7)
+    cfg = GenerationConfig(max_new_tokens=15)
+    mix = [("oracle", TreeShape(3, 3, 8)), ("random", TreeShape.chain(3)), ("oracle", TreeShape.chain(2)),
+           ("plain", None)]
+    flag = lambda i, r: (r + i) % 3 != 0  # noqa: E731 - per row and round, so rounds mix both kinds
+    refs = [generate_vanilla(target, p, cfg).token_ids for p in prompts]
+    solo = [build(target, drafter, k, s, p, cfg) for (k, s), p in zip(mix, prompts)]
+    for i, d in enumerate(solo):
+        r = 0
+        while not d.finished:
+            d.step() if isinstance(d, PlainDecoding) else d.step(flag(i, r))
+            r += 1
+    decoder = BatchDecoder(target)
+    decs = [build(target, drafter, k, s, p, cfg) for (k, s), p in zip(mix, prompts)]
+    r, mixed = 0, 0
+    while any(not d.finished for d in decs):
+        live = [(i, d) for i, d in enumerate(decs) if not d.finished]
+        items = [(d, None if isinstance(d, PlainDecoding) else flag(i, r)) for i, d in live]
+        result = decoder.round(items, split=True)
+        assert not any(isinstance(report, BaseException) for report in result.reports)
+        if r and len({bool(s) for _, s in items}) == 2:  # after the prefill round: plain and speculating rows
+            mixed += 1
+            plain_rows = sum(1 for _, s in items if not s)
+            # (a speculating row with one token left to go offers a 1-node tree too: it joins the plain forward)
+            assert len(result.forwards) == 2 and [f[0] >= plain_rows for f in result.forwards if f[1] == 1] == [True]
+            assert result.rows == len(items) and result.forward_s == pytest.approx(sum(f[2] for f in result.forwards))
+        r += 1
+    assert mixed >= 3
+    assert [d.result().token_ids for d in decs] == refs
+    for alone, batched in zip(solo, decs):
+        for name in ("drafted_tokens", "accepted_tokens", "verify_steps", "target_forwards"):
+            assert getattr(batched.result().stats, name) == getattr(alone.result().stats, name), name
+    assert sum(d.result().stats.accepted_tokens for d in decs) > 0
+
+
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(3, 3, 8)], ids=str)
 @pytest.mark.parametrize("seed", [0, 5])
 def test_seeded_sampling_batched_equals_solo(shape, seed):

@@ -492,6 +492,21 @@ def test_monitor_threshold_comes_from_measured_costs():
     assert m.rows == 4 and m.threshold == m.threshold_at(4)  # the latest round's batch size
 
 
+def test_forward_costs_are_learned_per_width_so_many_plain_rows_do_not_price_one_rows_tree():
+    """16 plain rows and one row's 16-node tree are both 16 tokens, but the first reads 16 KV caches:
+    on one curve over tokens, a burst of 16 users' plain rounds priced the next lone request's verify
+    at their cost, and tau*(1) rose until speculation at 1 user stopped paying on paper."""
+    m = DriftMonitor()
+    m.observe_round(1, 1, 1.0)
+    m.observe_round(1, 16, 1.5, 1, 0.5)
+    assert m.threshold_at(1) == pytest.approx(2.0)
+    for _ in range(50):
+        m.observe_round(16, 1, 5.0)  # plain rounds of 16 rows (16 tokens) at 5x a 1-row step
+    assert m.threshold_at(1) == pytest.approx(2.0)
+    assert m.forward(16, 1) == pytest.approx(5.0) and m.forward(1, 16) == pytest.approx(1.5)
+    assert m.forward(4, 3) is None  # a width never run: no guess
+
+
 def test_a_batched_round_speculates_on_the_rows_mean_tau_not_on_its_luckiest_row():
     """Riders make a round all-speculative or all-plain, so the batch decides: at tau*(4) = 3.0 one row
     at tau 4 beside three at 1-2 (mean 2.25) must not make the round speculate; rows at 3.25 must."""
@@ -507,13 +522,13 @@ def test_a_batched_round_speculates_on_the_rows_mean_tau_not_on_its_luckiest_row
         return state
 
     lucky, slow = row(3), [row(0, speculating=False), row(1, speculating=False), row(1, speculating=False)]
-    assert not m.round_speculates([lucky, *slow])  # mean (4 + 1 + 2 + 2) / 4 = 2.25 < 3.0
-    assert m.round_speculates([lucky, *slow], probing=True)  # a retry round probes whatever the mean
-    assert m.round_speculates([row(2), row(2), row(3), row(2)])  # mean 3.25 >= 3.0
-    assert not m.round_speculates([row(3, speculating=False)] * 4)  # nobody speculating: plain
+    assert not any(m.round_plan([lucky, *slow]))  # mean (4 + 1 + 2 + 2) / 4 = 2.25 < 3.0
+    assert any(m.round_plan([lucky, *slow], probing=True))  # a retry round probes whatever the mean
+    assert all(m.round_plan([row(2), row(2), row(3), row(2)]))  # mean 3.25 >= 3.0
+    assert not any(m.round_plan([row(3, speculating=False)] * 4))  # nobody speculating: plain
     fresh = m.new_request()  # no steps yet: nothing known, so the round speculates to learn
-    assert m.round_speculates([fresh, fresh, fresh, fresh])
-    assert DriftMonitor(enabled=False, threshold=9.0).round_speculates([lucky, *slow])
+    assert all(m.round_plan([fresh, fresh, fresh, fresh]))
+    assert all(DriftMonitor(enabled=False, threshold=9.0).round_plan([lucky, *slow]))
 
 
 def test_one_probe_round_of_many_rows_is_evidence_enough_and_a_veto_switches_them_off():
@@ -523,11 +538,11 @@ def test_one_probe_round_of_many_rows_is_evidence_enough_and_a_veto_switches_the
     m = DriftMonitor(window=4, min_steps=4, retry_after=2, global_min_steps=2)
     feed(m)  # tau*(4) = 3.0
     rows = [m.new_request() for _ in range(4)]
-    assert m.round_speculates(rows)  # nothing known yet: learn
+    assert all(m.round_plan(rows))  # nothing known yet: learn
     for state, accepted in zip(rows, (1, 2, 1, 1)):
         step(state, m, accepted)  # one probe round: lengths 2, 3, 2, 2 (mean 2.25 < 3.0)
     assert all(state.speculating for state in rows)  # no row has min_steps of its own yet
-    assert not m.round_speculates(rows)  # ... but 4 pooled lengths decide
+    assert not any(m.round_plan(rows))  # ... but 4 pooled lengths decide
     assert m.veto(rows) == rows and not any(state.speculating for state in rows)
     assert all(state.plain_left == m.retry_after for state in rows) and m.switches_off == 4
     assert m.veto(rows) == []  # nothing left on
@@ -536,7 +551,73 @@ def test_one_probe_round_of_many_rows_is_evidence_enough_and_a_veto_switches_the
     good = [m.new_request() for _ in range(4)]
     for state in good:
         step(state, m, 2)  # lengths 3: mean 3.0 reaches tau*(4)
-    assert m.round_speculates(good)  # negative control
+    assert all(m.round_plan(good))  # negative control
+
+
+def test_a_probe_of_a_plain_batch_retries_a_few_rows_in_a_forward_apart_where_that_costs_less():
+    """At 16 rows a speculative round of all rows costs many plain ones (and every drafter's catch-up),
+    so a probe of a plain batch retries min_steps rows, the most overdue first, and they speculate in
+    a forward apart while the rest step plain. Where the costs say padding is cheaper (a forward and
+    drafting that cost the same at any size, as on a GPU), the rest ride along as before."""
+    m = DriftMonitor(window=4, min_steps=4, retry_after=2, global_min_steps=2, max_retry_after=2)
+    feed(m, rows_list=(1, 4, 12, 16))  # forward 0.8 + 0.2 x tokens, drafting 0.4 + 0.1 x rows
+    rows = [m.new_request() for _ in range(16)]
+    for k, state in enumerate(rows):
+        m._switch_off(state)
+        state.plain_left = -k  # the last rows are the most overdue
+    assert m.start_round(rows) == [] and m.start_round(rows) == rows[-1:-5:-1]  # every 2nd round: 4 rows
+    plan = m.round_plan(rows, probing=True)
+    assert plan == [state.speculating for state in rows] and sum(plan) == 4  # ... apart from the plain 12
+    # against plain rounds (0.25 s a token at 16 rows): split 0.8 + 4.0 + 3.2 - 16 x 0.25 = 4.0 s lost,
+    # padded 2.0 + 13.6 - 16 x 0.25 = 11.6 s lost
+    assert m._split_pays(16, 4)
+    one_on = [m.new_request() for _ in range(16)]  # one row on already (a new request): 3 more make 4
+    for state in one_on[1:]:
+        m._switch_off(state)
+        state.plain_left = 0
+    m.rounds = 1  # the next start_round is a retry round (every 2nd)
+    assert len(m.start_round(one_on)) == 3 and sum(m.round_plan(one_on, probing=True)) == 4
+    for _ in range(8):  # a global tau of 4: the riders' accepted tokens pay for their padding
+        m.record(m.new_request(), "speculative", accepted=3)
+    assert not m._split_pays(16, 4)  # padded 15.6 - 16 x 4 x 0.25 = -0.4 s against split 8.0 - 28 x 0.25 = 1.0 s
+    flat = DriftMonitor(window=4, min_steps=4, retry_after=2, global_min_steps=2, max_retry_after=2)
+    for n in (1, 4, 12, 16):  # every forward and every drafting pass 1 s
+        flat.observe_round(n, 1, 1.0)
+        flat.observe_round(n, 4, 1.0, n, 1.0)
+    assert not flat._split_pays(16, 4)
+    assert all(flat.round_plan(rows, probing=True))  # riders pad: 1 s lost against 2 s for a split
+    some_on = [flat.new_request() for _ in range(16)]
+    for state in some_on[1:]:
+        flat._switch_off(state)
+        state.plain_left = 0
+    flat.rounds = 1
+    assert len(flat.start_round(some_on)) == 15  # padding is cheaper: every due row retries
+
+
+def test_a_veto_forgets_the_windows_so_a_probe_of_few_rows_decides_on_fresh_lengths():
+    """After a veto, a probe of 4 rows out of 16 accepting well must switch the batch back on: the
+    12 other rows' old, judged lengths must not outvote it; negative control: a poor probe stays off."""
+    def probe(accepted: int) -> list[bool]:
+        m = DriftMonitor(window=4, min_steps=4, retry_after=1, global_min_steps=2, max_retry_after=1)
+        feed(m, rows_list=(1, 4, 12, 16))
+        tstar = m.threshold_at(16)
+        rows = [m.new_request() for _ in range(16)]
+        for state in rows:
+            for _ in range(3):
+                step(state, m, 0)  # lengths of 1, far below tau*(16); under min_steps a row, 48 pooled
+        assert not any(m.round_plan(rows)) and len(m.veto(rows)) == 16
+        assert not any(state.window for state in rows)
+        for state in rows:
+            state.plain_left = 0
+        probed = m.start_round(rows)
+        assert len(probed) == 4
+        for state in probed:
+            step(state, m, accepted)
+        assert 2 < tstar < 5  # between the poor probe's lengths and the good one's
+        return m.round_plan(rows)
+
+    assert all(probe(accepted=4))  # lengths 5 >= tau*(16) = 3.9: the batch speculates again, riders too
+    assert not any(probe(accepted=1))  # lengths 2: plain
 
 
 def test_probes_back_off_while_the_global_tau_is_far_below_the_break_even_at_this_batch_size():
@@ -584,6 +665,37 @@ def test_a_new_request_is_judged_at_the_batch_size_it_joins():
     assert m.new_request().speculating and m.new_request(rows=1).speculating
     late = m.new_request(rows=4)
     assert not late.speculating and late.plain_left == 0  # plain, due at the next retry round
+
+
+def test_a_request_joining_a_plain_batch_waits_for_its_next_probe(dirs):
+    """Every running request switched off: a new one starts off too, due at once, and probes with the
+    batch at its next retry round; learning alone while the global window is short took a forward of
+    its own for up to min_steps rounds. A batch with a row on, or no batch, leaves the gate to decide."""
+    m = DriftMonitor(window=4, min_steps=2, global_min_steps=4)
+    assert m.new_request(rows=4).speculating  # nothing known: the global gate lets it learn
+    joined = m.new_request(rows=4, batch_plain=True)
+    assert not joined.speculating and joined.plain_left == 0
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    scheduler = Scheduler(engine, monitor=DriftMonitor(window=4, min_steps=2, global_min_steps=10**6),
+                          calibrate=False)
+    loop = asyncio.new_event_loop()
+    try:
+        for p in PROMPTS[:2]:
+            scheduler.submit(engine.encode(p), 8, 0.0, loop=loop)
+        scheduler._admit()
+        first = [seq.monitor_state for seq in scheduler._running]
+        assert all(state.speculating for state in first)  # an empty batch: learn
+        scheduler.submit(engine.encode(PROMPTS[2]), 8, 0.0, loop=loop)
+        first[0].speculating = False
+        scheduler._admit()
+        assert scheduler._running[2].monitor_state.speculating  # one row still on: the gate decides
+        scheduler.monitor.veto([seq.monitor_state for seq in scheduler._running])
+        scheduler.submit(engine.encode(PROMPTS[3]), 8, 0.0, loop=loop)
+        scheduler._admit()
+        late = scheduler._running[3].monitor_state
+        assert not late.speculating and late.plain_left == 0
+    finally:
+        loop.close()
 
 
 def test_monitor_threshold_rises_with_load():
@@ -827,7 +939,7 @@ def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
         plain_left = off.plain_left
         kinds = []
         real_round = scheduler.decoder.round
-        scheduler.decoder.round = lambda items: kinds.append([s for _, s in items]) or real_round(items)
+        scheduler.decoder.round = lambda items, split=False: kinds.append([s for _, s in items]) or real_round(items, split)
         scheduler._round()
         assert kinds[-1] == [True, True, True]  # the switched-off row rides along
         assert not off.speculating and off.window and off.plain_left < plain_left
@@ -853,3 +965,44 @@ def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
         loop.close()
     assert all(set(k) == {True} or set(k) == {False} for k in kinds if None not in k)
     assert outs == [reference[p, False].token_ids for p in prompts]
+
+
+def test_a_scheduler_probe_runs_its_few_rows_apart_and_every_output_stays_the_solo_one(dirs, reference):
+    """Six requests against a break-even no batch reaches: the batch vetoes, and every retry round
+    probes min_steps = 2 rows in a forward of their own while the other rows step plain (costs that
+    make the split pay), switching rows on and off throughout; every output is still plain greedy's."""
+
+    class SplitPays(DriftMonitor):
+        def _split_pays(self, rows, speculating):
+            return True
+
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    monitor = SplitPays(threshold=100.0, window=4, min_steps=2, retry_after=2, global_min_steps=2, max_retry_after=2)
+    scheduler = Scheduler(engine, monitor=monitor, calibrate=False)
+    forwards = []
+    real_round = scheduler.decoder.round
+
+    def recording(items, split=False):
+        result = real_round(items, split)
+        forwards.append((split, [(rows, width) for rows, width, _ in result.forwards], [s for _, s in items]))
+        return result
+
+    scheduler.decoder.round = recording
+    loop = asyncio.new_event_loop()
+    try:
+        seqs = [scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop) for p in PROMPTS]
+        running = []
+        while scheduler._running or scheduler._waiting:
+            scheduler._admit()
+            running += [seq for seq in scheduler._running if seq not in running]
+            scheduler._round()
+        outs = [seq.decoding.result().token_ids for seq in running]
+    finally:
+        loop.close()
+    assert len(seqs) == len(running) == len(PROMPTS)
+    split_rounds = [(shapes, flags) for split, shapes, flags in forwards if split]
+    assert split_rounds, forwards
+    assert all(0 < sum(flags) < len(flags) for _, flags in split_rounds)
+    probes = [shapes for shapes, flags in split_rounds if sum(flags) == 2 and len(shapes) == 2]
+    assert probes and all(min(w for _, w in shapes) == 1 for shapes in probes)  # 2 rows apart from the plain rows
+    assert outs == [reference[p, False].token_ids for p in PROMPTS]

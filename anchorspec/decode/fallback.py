@@ -4,19 +4,19 @@ Break-even, from the server's own measured round costs. All running sequences sh
 one drafting pass per draft level over the B drafting sequences, then one target forward over all B
 rows padded to the widest (a tree of W nodes; a plain row is 1 token). So with B sequences
 
-    speculating costs  c_spec  = drafting(B) + forward(B * W)  per round and yields tau tokens per sequence,
-    plain costs        c_plain = forward(B)                    per round and yields 1 token per sequence,
+    speculating costs  c_spec  = drafting(B) + forward(B, W)  per round and yields tau tokens per sequence,
+    plain costs        c_plain = forward(B, 1)                  per round and yields 1 token per sequence,
 
 and speculation is faster while tau > tau*(B) = c_spec / c_plain. At B = 1 this is the batch-1
 break-even (t_draft + t_verify) / t_plain. Under load it rises where a forward's cost grows with
 the tokens it computes (a CPU; a GPU at large B): the B * (W - 1) extra tokens are no longer
 nearly free, and plain rows padded next to a tree pay for them too.
 
-forward(tokens) and drafting(rows) are cost curves (CostCurve: moving averages per power-of-two
-bucket of the work, interpolated) learned from every round the scheduler reports (`observe_round`:
-padded tokens and wall time of the batched forward, drafting rows and wall time), seeded by a
-short calibration at start-up at batch 1 and 4. B is the row count of the latest round; W the
-width of the latest drafting round.
+forward(rows, width) (ForwardCosts: a curve over rows per padded width) and drafting(rows) are
+cost curves (CostCurve: moving averages per bucket of the work, interpolated) learned from every
+round the scheduler reports (`observe_round`: rows, padded width and wall time of each batched
+forward, drafting rows and wall time), seeded by a short calibration at start-up at batch 1 and 4.
+B is the row count of the latest round; W the width of the latest drafting round.
 A fixed `threshold` overrides tau*.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
@@ -28,14 +28,21 @@ Globally: the same rolling tau over the last `global_window` steps of all reques
 holds `global_min_steps`; while it is below tau*, new requests start in plain mode and are due for
 a retry at once (they probe at the next retry round, which keeps the global window fresh), so a
 drafter that stops fitting the traffic stops costing every new request its first `min_steps` steps.
-Per round (`round_speculates`): rows switched off ride along in a speculative round (a tree pads every
+Per round (`round_plan`): rows switched off ride along in a speculative round (a tree pads every
 row anyway), so a batched round speculates only while the accepted lengths in its rows' windows,
-pooled, average at least tau*(B); a round that decides plain switches its rows off (`veto`).
+pooled, average at least tau*(B); a round that decides plain switches its rows off and forgets their
+windows (`veto`). While the batch is learning (a probe, new requests, too few pooled lengths) only
+the rows switched on speculate, in a target forward apart from the plain rows', when the cost
+curves say that loses less time against plain rounds than padding every row; a probe of a plain batch
+retries at most `min_steps` rows (the most overdue first), the evidence one round needs, when
+their forward apart pays.
 Probes back off: a retry round is skipped while the global tau sits more than `PROBE_MARGIN` below
 tau* at the current batch size, up to `max_retry_after` rounds since the last probe. A probe that
 such a wide margin says will fail costs a speculative round at a loss, and the drafter's catch-up on
 every row's missed features, for nothing (session 33: at 16 users a speculative round cost ~4.7
 plain rounds for ~2 tokens a row, and such rounds were all a drafter server lost to a plain one).
+The forward apart (session 34) is what makes a probe at 16 users cheap: a few rows draft, catch
+up and verify while the others take their plain step, instead of all of them.
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
@@ -124,6 +131,25 @@ class CostCurve:
         return max(y0 + slope * (x - x0), 0.0)
 
 
+class ForwardCosts:
+    """A batched target forward's time by (rows, padded width): one CostCurve over rows per width.
+    Not one curve over padded tokens: a forward's cost is not its tokens' alone, each row also reads
+    its own KV cache, so 16 plain rows (16 tokens) cost several times what one row's 16-node tree
+    does. On one curve the two shared a point, and a burst of 16 users' plain rounds priced the next
+    lone request's 16-token verify at their cost (session 34)."""
+
+    def __init__(self, smoothing: float):
+        self.smoothing = smoothing
+        self.curves: dict[int, CostCurve] = {}  # padded width -> cost over rows
+
+    def add(self, rows: int, width: int, seconds: float) -> None:
+        self.curves.setdefault(width, CostCurve(self.smoothing)).add(rows, seconds)
+
+    def __call__(self, rows: int, width: int) -> float | None:
+        curve = self.curves.get(width)
+        return None if curve is None else curve(rows)
+
+
 def at_least(verify: float, plain: float) -> float:
     """A verify's cost for the break-even: never below the plain step it contains. On a CPU with AMX
     one token and a few cost the same GEMM time, and noise put verify(2) under verify(1): tau* fell
@@ -152,7 +178,7 @@ class DriftMonitor:
         # first few steps of one prompt (a slow start is common) must not turn speculation off for all
         self.global_min_steps = min(global_min_steps, global_window)
         self.fixed_threshold, self.enabled = threshold, enabled
-        self.forward, self.drafting = CostCurve(smoothing), CostCurve(smoothing)
+        self.forward, self.drafting = ForwardCosts(smoothing), CostCurve(smoothing)
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
         self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
         self.recent: deque = deque(maxlen=global_window)
@@ -161,16 +187,19 @@ class DriftMonitor:
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_round(self, rows: int, width: int, forward_s: float, draft_rows: int = 0,
-                      draft_s: float = 0.0, catch_up: bool = False) -> None:
+                      draft_s: float = 0.0, catch_up: bool = False, forwards=None) -> None:
         """One round: `rows` sequences padded to `width` tokens in a forward of `forward_s`, and
-        `draft_rows` of them drafting for `draft_s` (0 rows: no drafting). `catch_up`: the drafters
+        `draft_rows` of them drafting for `draft_s` (0 rows: no drafting). `forwards`: the round's
+        target forwards as (rows, width, seconds) when it ran more than one (plain rows apart from
+        speculating ones); `rows` is then all of them, `width` the widest. `catch_up`: the drafters
         first read the features of a plain stretch (all its positions, in every row), a one-off of
         switching on that is not what a speculative round costs: its drafting time is not learned
         (session 33: with them the mean tau*(16) a server priced reached 5.0 in one load test; steady
         rounds put it at 2.1)."""
         if rows:
             self.rows = rows
-            self.forward.add(rows * width, forward_s)
+            for f_rows, f_width, seconds in forwards or [(rows, width, forward_s)]:
+                self.forward.add(f_rows, f_width, seconds)
         if draft_rows:
             if not catch_up:
                 self.drafting.add(draft_rows, draft_s)
@@ -182,10 +211,10 @@ class DriftMonitor:
             return self.fixed_threshold
         if self.width is None:
             return None
-        plain = self.forward(rows)
-        if not plain:
+        plain, verify, drafting = self.forward(rows, 1), self.forward(rows, self.width), self.drafting(rows)
+        if not plain or verify is None or drafting is None:
             return None
-        return (self.drafting(rows) + at_least(self.forward(rows * self.width), plain)) / plain
+        return (drafting + at_least(verify, plain)) / plain
 
     @property
     def threshold(self) -> float | None:
@@ -210,12 +239,15 @@ class DriftMonitor:
         return self._pays(self.global_tau, len(self.recent), self.global_min_steps, rows)
 
     # --- per request ----------------------------------------------------------------------------
-    def new_request(self, rows: int | None = None) -> RequestState:
+    def new_request(self, rows: int | None = None, batch_plain: bool = False) -> RequestState:
         """A request's state; `rows`: the batch size it joins (default: the latest round's). Judged at
         the batch it joins: after a burst drained to a few rows, the last round's tau* is a small
-        batch's, and a new burst of 16 would all start speculating (session 33: 4 wasted rounds)."""
+        batch's, and a new burst of 16 would all start speculating (session 33: 4 wasted rounds).
+        `batch_plain`: every request it joins is switched off. It then waits for the batch's next
+        probe (a retry round) rather than learn alone while the global window is short: alone, in a
+        forward of its own, it took up to min_steps rounds at ~2x a plain round's time (session 34)."""
         state = RequestState(window=deque(maxlen=self.window))
-        if not self.global_speculating_at(rows):
+        if batch_plain or not self.global_speculating_at(rows):
             self._switch_off(state)
             # due at once: it probes at the next retry round. Only speculative steps refresh the global
             # window, so requests shorter than retry_after would otherwise never probe, and one bad
@@ -252,6 +284,10 @@ class DriftMonitor:
             self.probes_skipped += 1
             return []
         self.last_probe = self.rounds
+        on = sum(s.speculating for s in states)
+        if self._split_pays(len(states), max(on, min(on + len(due), self.min_steps))):
+            # a probe that runs apart: min_steps rows (those on count) are evidence enough, the most overdue
+            due = sorted(due, key=lambda s: s.plain_left)[:max(0, self.min_steps - on)]
         for state in due:
             state.speculating, state.window = True, deque(maxlen=self.window)
             state.switches += 1
@@ -265,31 +301,61 @@ class DriftMonitor:
         return (self.enabled and tstar is not None and len(self.recent) >= self.global_min_steps
                 and tau < (1 - PROBE_MARGIN) * tstar)
 
-    def round_speculates(self, states: list[RequestState], probing: bool = False) -> bool:
-        """Whether a batched round over these rows speculates. One speculating row pads every row to
+    def round_plan(self, states: list[RequestState], probing: bool = False) -> list[bool]:
+        """Which rows of a batched round speculate. One speculating row pads every row of a forward to
         its tree's width, so the rows switched off ride along (they draft too) and the round is
         all-speculative or all-plain: it costs tau*(B) plain rounds and yields the rows' accepted
         lengths summed. So it speculates while the accepted lengths in the rows' windows, pooled,
         average at least tau*(B), not while any one row's do: at 16 users a lucky window in one row
         kept every round speculating at the break-even (session 31: 0.89x of plain). Pooled, one
         probe round of 16 rows is evidence enough; each row's own `min_steps` would have kept the
-        batch speculating for 4 more rounds after every probe. Fewer than `min_steps` steps in all:
-        it speculates, to learn; a round in which requests retry (`probing`) speculates."""
-        if not any(s.speculating for s in states):
-            return False
-        if probing or not self.enabled:
-            return True
+        batch speculating for 4 more rounds after every probe.
+        While the batch is learning (fewer than `min_steps` pooled lengths, or a round in which
+        requests retry: `probing`) the rows switched on speculate and the others ride along only if
+        padding them loses less time than a forward of their own (`_split_pays`): at 16 users a
+        probe of 4 rows then costs a fraction of a speculative round of 16 (session 34)."""
+        on = [s.speculating for s in states]
+        if not any(on):
+            return on
+        if not self.enabled:
+            return [True] * len(states)
         known = [length for s in states for length in s.window]
         tstar = self.threshold_at(len(states))
-        return len(known) < self.min_steps or tstar is None or statistics.fmean(known) >= tstar
+        if tstar is not None and len(known) >= self.min_steps:
+            if statistics.fmean(known) >= tstar:
+                return [True] * len(states)
+            if not probing:
+                return [False] * len(states)
+        return on if self._split_pays(len(states), sum(on)) else [True] * len(states)
+
+    def _split_pays(self, rows: int, speculating: int) -> bool:
+        """Whether `speculating` of `rows` rows speculating in a forward apart from the plain rows'
+        loses less time than all rows padded to the tree's width, each judged against plain rounds
+        making the same tokens (plain steps are the alternative for every token), on the measured
+        cost curves and the global tau (1 before any is known: the riders' gain is then unproven)."""
+        if speculating == rows or self.width is None:
+            return False
+        costs = [self.forward(rows, 1), self.forward(rows, self.width), self.forward(speculating, self.width),
+                 self.forward(rows - speculating, 1), self.drafting(rows), self.drafting(speculating)]
+        if any(c is None for c in costs):
+            return False
+        plain_all, pad_fwd, spec_fwd, plain_rest, draft_all, draft_some = costs
+        tau, per_token = max(self.global_tau or 1.0, 1.0), plain_all / rows
+        padded = draft_all + pad_fwd - rows * tau * per_token
+        split = draft_some + spec_fwd + plain_rest - (speculating * tau + rows - speculating) * per_token
+        return split < padded
 
     def veto(self, states: list[RequestState]) -> list[RequestState]:
-        """A batched round decided plain (`round_speculates`): the rows still speculating switch off
+        """A batched round decided plain (`round_plan`): the rows still speculating switch off
         (returned), due for a retry after `retry_after` plain tokens like any switched-off row. Left
-        on, they would never be due, and the batch would probe again only when a request arrived."""
+        on, they would never be due, and the batch would probe again only when a request arrived.
+        Every row's window is forgotten: it was judged, and the next probe, of a few rows, must
+        decide on their fresh lengths, not be outvoted by the whole batch's old ones."""
         vetoed = [s for s in states if s.speculating]
         for state in vetoed:
             self._switch_off(state)
+        for state in states:
+            state.window.clear()
         return vetoed
 
     def _switch_off(self, state: RequestState) -> None:

@@ -10,7 +10,9 @@ A round over step-able decodings (PlainDecoding / SpeculativeDecoding, decode/en
      with the others', so the passes of one draft level (the context update, then each tree level
      or chain step) of all sequences are one padded drafter forward; a plain step drafts nothing
      and offers its pending token as a 1-node tree;
-  3. one target forward over all prepared trees, padded (decode/batch.py);
+  3. one target forward over all prepared trees, padded (decode/batch.py); or, with `split`, one
+     over the plain rows' 1-node trees and one over the others, so that a few speculating rows do
+     not pad every plain row to their width (the server's cheap probes: decode/fallback.py);
   4. each sequence finishes on its own rows: verify, commit into its slot, emit, count.
 Per sequence the steps, random draws and commits are those of its solo run, so outputs equal the
 solo outputs (greedy exactly; seeded sampling too, up to float rounding of the batched forward).
@@ -44,10 +46,11 @@ class RoundResult:
     reports: list  # per input sequence, in order: a StepReport, or the exception that ended it
     prefills: int = 0  # sequences that prefilled alone this round
     solo: int = 0  # steps run alone: sequences whose cache a BatchKV cannot hold (sliding-window layers)
-    rows: int = 0  # sequences in the batched forward (0: no batched forward this round)
-    width: int = 0  # padded new tokens per row
-    tokens: int = 0  # real new tokens in the batched forward
+    rows: int = 0  # sequences in the batched forward(s) (0: no batched forward this round)
+    width: int = 0  # padded new tokens per row (the widest forward's, when split)
+    tokens: int = 0  # real new tokens in the batched forward(s)
     forward_s: float = 0.0
+    forwards: list = field(default_factory=list)  # each batched forward: (rows, padded width, seconds)
     compiled: bool = False  # a graph compiled during the round (a compiled target or drafter): no cost sample
     draft_passes: int = 0  # lockstep drafter levels this round (each: one forward per drafter and cache)
     draft_rows: int = 0  # most sequences in one of them
@@ -63,9 +66,10 @@ class BatchDecoder:
         self.kv = kv or BatchKV()
         self.draft_kv: dict[int, BatchKV] = {}  # id(drafter) -> the drafter caches of its sequences
 
-    def round(self, items: list[tuple[SpeculativeDecoding, bool | None]]) -> RoundResult:
+    def round(self, items: list[tuple[SpeculativeDecoding, bool | None]], split: bool = False) -> RoundResult:
         """`items`: (decoding, speculate) with speculate None for a PlainDecoding. Finished
-        decodings must not be passed; a decoding that fails is released here."""
+        decodings must not be passed; a decoding that fails is released here. `split`: the rows
+        offering a 1-node tree (plain steps) get a target forward of their own, apart from the trees."""
         reports: list = [None] * len(items)
         result, graphs = RoundResult(reports), graphs_compiled()
         programs = []  # (item index, drafting program)
@@ -89,8 +93,12 @@ class BatchDecoder:
                 reports[i] = exc
                 self.release(dec)
         prepared = self._draft(items, programs, result)
-        if prepared:
-            self._forward(items, prepared, result)
+        groups = [prepared]
+        if split:
+            groups = [[row for row in prepared if row[1].size == 1], [row for row in prepared if row[1].size > 1]]
+        for group in groups:
+            if group:
+                self._forward(items, group, result)
         result.compiled = graphs_compiled() != graphs
         return result
 
@@ -133,15 +141,17 @@ class BatchDecoder:
                 except Exception as exc:  # noqa: BLE001
                     result.reports[row[0]] = exc
                     self.release(items[row[0]][0])
-            result.isolated = [i for i, _ in prepared]
-        result.forward_s = time.perf_counter() - t
-        sizes = [tree.size for tree in trees]
-        result.rows, result.width, result.tokens = len(prepared), max(sizes), sum(sizes)
+            result.isolated += [i for i, _ in prepared]
+        seconds, sizes = time.perf_counter() - t, [tree.size for tree in trees]
+        result.forwards.append((len(prepared), max(sizes), seconds))
+        result.forward_s += seconds
+        result.rows, result.width, result.tokens = (result.rows + len(prepared), max(result.width, max(sizes)),
+                                                    result.tokens + sum(sizes))
         for out, group in zip(outs, groups):
             for b, (i, _) in enumerate(group):
                 dec = items[i][0]
                 try:
-                    result.reports[i] = dec.finish(out.logits[b], out.aux[b], result.forward_s)
+                    result.reports[i] = dec.finish(out.logits[b], out.aux[b], seconds)
                 except Exception as exc:  # noqa: BLE001
                     result.reports[i] = exc
                     self.release(dec)

@@ -17,8 +17,10 @@ A failing sequence gets an error event and is dropped; the others go on.
 Drift monitor: each round's costs (padded tokens and time of the batched forward, drafting rows
 and time) feed its cost lines, so the break-even tau it compares each request's rolling tau with
 is the one of the current batch size (decode/fallback.py). A round is all-speculative or all-plain,
-decided by the batch (DriftMonitor.round_speculates); the first speculative round after plain ones
-has its drafters catch up on the missed positions, a one-off kept out of the drafting cost.
+decided by the batch (DriftMonitor.round_plan), except while the batch learns whether speculation
+pays (a probe, new requests): then the rows switched on may speculate in a target forward apart from
+the plain rows', where that costs less than padding them all. A row's first speculative round after
+plain ones has its drafter catch up on the missed positions, a one-off kept out of the drafting cost.
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.
@@ -98,7 +100,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._rode = True  # whether the latest batched round speculated (after a plain one, drafters catch up)
+        self._rode = True  # whether every row of the latest batched round drafted (else some drafters catch up)
         self.ready = threading.Event()  # set once calibration is done and the loop runs
 
     # --- control --------------------------------------------------------------------------------
@@ -186,6 +188,8 @@ class Scheduler:
         self._update_gauges()
 
     def _admit(self) -> None:
+        joined = [seq.monitor_state for seq in self._running if seq.monitor_state is not None]
+        batch_plain = bool(joined) and not any(state.speculating for state in joined)
         admitted = []
         while self._waiting and len(self._running) < self.max_running:
             seq = self._waiting.popleft()
@@ -196,7 +200,7 @@ class Scheduler:
             self._running.append(seq)
             admitted.append(seq)
         for seq in admitted if self.speculative else ():  # judged at the batch size they join
-            seq.monitor_state = self.monitor.new_request(rows=len(self._running))
+            seq.monitor_state = self.monitor.new_request(rows=len(self._running), batch_plain=batch_plain)
             if not seq.monitor_state.speculating:
                 self._count_switch(seq, "off")
 
@@ -209,30 +213,34 @@ class Scheduler:
                 if id(seq.monitor_state) in retried:
                     self._count_switch(seq, "on")
         # one speculating row pads every batched row to its tree's width: the rows switched off then draft
-        # too (drafting is batched, so nearly free), rather than pay the width for one token. Every round
-        # is then all-plain or all-speculative, the shape the break-even tau*(B) prices, and whether it
-        # speculates is the batch's decision (DriftMonitor.round_speculates), not any one row's.
+        # too (drafting is batched, so nearly free), rather than pay the width for one token. So a round
+        # is all-plain or all-speculative, the shape the break-even tau*(B) prices, and whether it
+        # speculates is the batch's decision, not any one row's; only a batch still learning whether it
+        # pays runs its speculating rows in a forward apart (DriftMonitor.round_plan).
         batched = [seq.monitor_state for seq in running if seq.monitor_state is not None and seq.decoding.batched]
-        ride = self.speculative and self.monitor.round_speculates(
-            batched, probing=any(id(state) in retried for state in batched))
-        if self.speculative and batched and not ride:
+        plan = self.monitor.round_plan(batched, probing=any(id(state) in retried for state in batched)) \
+            if self.speculative else []
+        if batched and not any(plan):
             vetoed = {id(state) for state in self.monitor.veto(batched)}
             for seq in running:
                 if id(seq.monitor_state) in vetoed:
                     self._count_switch(seq, "off")
+        speculates = {id(state): on for state, on in zip(batched, plan)}
         items = [(seq.decoding, None if seq.monitor_state is None
-                  else ride if seq.decoding.batched else seq.monitor_state.speculating) for seq in running]
+                  else speculates[id(seq.monitor_state)] if seq.decoding.batched else seq.monitor_state.speculating)
+                 for seq in running]
+        split = any(plan) and not all(plan)
         try:
-            result = self.decoder.round(items)
+            result = self.decoder.round(items, split=split)
         except Exception as exc:  # a bug outside any one sequence: fail this round's requests, keep serving
             log.exception("decoding round failed")
             result = RoundResult([exc] * len(running))
         self.metrics.observe_round(result)
         if not result.compiled:  # a round that compiled a graph took tens of seconds: not what a round costs
             self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s,
-                                       catch_up=ride and not self._rode)
+                                       catch_up=any(plan) and not self._rode, forwards=result.forwards)
         if batched:  # a round of prefills only leaves the drafters as they were
-            self._rode = ride
+            self._rode = all(plan)
         if self.speculative and result.rows:
             tstar = self.monitor.threshold_at(result.rows)
             if tstar is not None:
