@@ -785,8 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from this drafter (its weights, variant and draft vocabulary) with new data "
                         "and a new schedule")
     t.add_argument("--revocab", action="store_true",
-                   help="with --init-from: re-select the draft vocabulary (same size) from this data; rows of tokens "
-                        "in both vocabularies are kept, new tokens start from the target's head rows")
+                   help="with --init-from: re-select the draft vocabulary from this data (same size, or "
+                        "--draft-vocab-size); rows of tokens in both vocabularies are kept, new tokens start from "
+                        "the target's head rows")
     t.add_argument("--init-head", default="random", choices=["random", "target"],
                    help="a new drafter's lm_head and final norm: random, or the target's rows of the draft vocabulary")
     t.add_argument("--init-layer", default="random", choices=["random", "target"],
@@ -811,7 +812,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "logits; the drafter's part of a bf16 CPU step ran 1.18x faster, measured); auto: on unless "
                         "float64 or no C++ compiler")
     t.add_argument("--draft-vocab-size", type=_count,
-                   help="the most frequent assistant tokens the drafter predicts (default: 16384, or --init-from's)")
+                   help="the most frequent assistant tokens the drafter predicts (default: 16384, or --init-from's; "
+                        "with --init-from it needs --revocab)")
     t.add_argument("--max-len", type=_count, default=2048, help="longer conversations are dropped")
     budget = t.add_mutually_exclusive_group(required=True)
     budget.add_argument("--epochs", type=_count, help="passes over the training data")

@@ -60,13 +60,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def drafter_parser(description: str) -> argparse.ArgumentParser:
-    """The arguments every one-drafter `generate` benchmark takes; a script adds its own."""
+def model_parser(description: str, dtype: str = "auto", dtypes=None, many_drafters: bool = False) -> argparse.ArgumentParser:
+    """The arguments every one-target benchmark takes (one drafter, or `many_drafters` as NAME=DIR); a script
+    adds its own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--drafter", required=True)
-    p.add_argument("--dtype", default="auto")
+    if many_drafters:
+        p.add_argument("--drafter", action="append", required=True, metavar="NAME=DIR",
+                       help="drafter checkpoint directory (repeatable; NAME= optional)")
+    else:
+        p.add_argument("--drafter", required=True, help="drafter checkpoint directory")
+    p.add_argument("--dtype", default=dtype, choices=dtypes)
     p.add_argument("--threads", type=int, default=1)
+    return p
+
+
+def drafter_parser(description: str) -> argparse.ArgumentParser:
+    """model_parser's arguments plus what every one-drafter `generate` benchmark takes."""
+    p = model_parser(description)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--out", required=True, help="where to write the JSON results")
     return p

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_core import DEFAULT_DATA, environment, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, environment, load_prompts, model_parser, warn_if_busy  # noqa: E402
 
 from anchorspec.api import load  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding  # noqa: E402
@@ -43,11 +43,7 @@ from anchorspec.decode.tree import TreeShape  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--drafter", required=True)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=1)
+    p = model_parser(__doc__.split("\n\n")[0])
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--batches", default="1,4,16", help="batch sizes, comma-separated")
     p.add_argument("--rounds", type=int, default=12, help="timed rounds of each kind per batch size")

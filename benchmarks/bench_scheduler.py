@@ -29,18 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_core import DEFAULT_DATA, environment, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, environment, load_prompts, model_parser, warn_if_busy  # noqa: E402
 
 from anchorspec.api import Engine, load  # noqa: E402
 from anchorspec.serve.scheduler import Scheduler  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--drafter", required=True)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=1)
+    p = model_parser(__doc__.split("\n\n")[0])
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--users", type=int, default=16, help="requests kept running at once")
     p.add_argument("--requests", type=int, default=48, help="requests served per repeat")

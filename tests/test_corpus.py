@@ -248,6 +248,43 @@ def test_revocab_reselects_the_vocabulary_and_keeps_shared_rows(setup, tmp_path)
     with pytest.raises(AnchorspecError, match="needs --init-from"):
         Trainer(config(setup, tmp_path / "n", revocab=True))
 
+    # a larger draft vocabulary: every old row is kept, the new ones start from the target's head
+    with pytest.raises(AnchorspecError, match="add --revocab"):
+        Trainer(config(setup, tmp_path / "g0", max_steps=1, variant=None, draft_vocab_size=2 * DRAFT_VOCAB,
+                       init_from=str(tmp_path / "re" / "final")))
+    g = Trainer(config(setup, tmp_path / "g", max_steps=1, variant=None, draft_vocab_size=2 * DRAFT_VOCAB,
+                       init_from=str(tmp_path / "re" / "final"), revocab=True))
+    grown = g.drafter.draft_to_target
+    assert grown.numel() == g.drafter.lm_head.weight.shape[0] == 2 * DRAFT_VOCAB and set(new.tolist()) < set(grown.tolist())
+    trained = dict(zip(new.tolist(), load_drafter(tmp_path / "re" / "final", torch.float64).lm_head.weight))
+    from anchorspec.train.vocab import head_map
+    mapping = head_map(new, torch.stack([trained[tok] for tok in new.tolist()]), head)
+    start = head if mapping is None else (head.double() @ mapping).to(head.dtype)
+    for row, tok in zip(g.drafter.lm_head.weight, grown.tolist()):
+        assert torch.equal(row, (trained[tok] if tok in trained else start[tok]).to(row.dtype)), tok
+    assert g.revocab_report["kept_rows"] == DRAFT_VOCAB and g.revocab_report["size_before"] == DRAFT_VOCAB
+    g.run()
+    again = load_drafter(tmp_path / "g" / "final", torch.float64)
+    assert again.config.draft_vocab_size == 2 * DRAFT_VOCAB and again.draft_to_target.tolist() == grown.tolist()
+
+
+def test_new_head_rows_start_in_the_drafters_own_scale():
+    """A drafter whose head is a linear map of the target's: the rows of tokens it never had come out of
+    the fitted map exactly (float64), where the target's rows as they are would be off by the map."""
+    from anchorspec.train.vocab import head_map, remap_head_rows
+
+    g = torch.Generator().manual_seed(0)
+    target_head = torch.randn(300, 8, generator=g, dtype=torch.float64)
+    true_map = torch.randn(8, 6, generator=g, dtype=torch.float64) * 0.3
+    old_ids = torch.arange(0, 200, 2)  # 100 rows >= 2 x 8
+    mapping = head_map(old_ids, target_head[old_ids] @ true_map, target_head)
+    torch.testing.assert_close(mapping, true_map)
+    new_ids = torch.tensor([4, 5, 7, 250])
+    rows, kept = remap_head_rows(old_ids, target_head[old_ids] @ true_map, new_ids, target_head @ mapping)
+    torch.testing.assert_close(rows, target_head[new_ids] @ true_map)
+    assert kept == 1
+    assert head_map(old_ids[:15], (target_head @ true_map)[old_ids[:15]], target_head) is None  # too few rows
+
 
 def counts_of(trainer):
     from anchorspec.train.vocab import count_loss_tokens

@@ -56,3 +56,37 @@ def test_agreed_prefix_counts_tokens_before_the_first_difference():
     assert endpoint_agreement.agreed_prefix([1, 2], [1, 2, 3]) == 2
     assert endpoint_agreement.agreed_prefix([], [1]) == 0
     assert endpoint_agreement.agreed_prefix([5], [1]) == 0
+
+
+def test_acceptance_vs_confidence_scores_only_the_levels_the_verifier_reaches():
+    import acceptance_vs_confidence as avc
+    import torch
+
+    from anchorspec.decode.tree import DraftTree
+
+    chain3 = DraftTree(torch.tensor([0, 5, 6, 7]), [-1, 0, 1, 2])  # depth 3
+    conf = torch.tensor([0.1, 0.2, 0.35, 0.6, 0.8, 0.95, 0.99, 0.5])
+    inside = avc.inside_word(["<s>", " Wa", "ime", "a", " Canyon", ",", " and", "\n"])
+    assert inside == [False, False, True, True, False, False, False, False]
+    # a step at root 2 accepting 1 token: depth 1 (accepted) and depth 2 (rejected) are scored, depth 3 is not
+    # a step at root 4 accepting all 3: depths 1-3 scored and accepted
+    in_vocab = [True, True, True, False, True, True, True, True]
+    got = avc.level_records([(2, 1, chain3), (4, 3, chain3)], conf, inside, in_vocab)
+    assert got == [(1, pytest.approx(0.35), True, True, False), (2, pytest.approx(0.6), False, False, True),
+                   (1, pytest.approx(0.8), True, False, True), (2, pytest.approx(0.95), True, False, True),
+                   (3, pytest.approx(0.99), True, False, True)]
+    # the pooled curve predicts a category from its own positions: alone, expected equals actual
+    records = [(1, 0.2, False, True, True), (1, 0.25, True, False, True), (1, 0.95, True, False, True),
+               (1, 0.98, False, True, False), (1, 0.99, True, True, True), (2, 0.99, False, False, False)]
+    curve = {avc.bin_of(0.2): 0.5, avc.bin_of(0.95): 2 / 3, avc.bin_of(0.98): 2 / 3}
+    row = avc.summarise(records, curve)
+    assert row["first_level_acceptance"] == pytest.approx(0.6) == row["first_level_expected"]
+    assert row["first_level_steps"] == 5 and row["inside_word_share"] == 0.6
+    assert row["first_level_inside_word"] == pytest.approx(1 / 3) and row["first_level_word_start"] == 1.0
+    assert row["outside_vocab_share"] == 0.2 and row["first_level_in_vocab"] == 0.75
+    assert (row["sure_misses"], row["sure_misses_outside_vocab"]) == (1, 1)  # depth 2 is not a first-level miss
+    answers = [{"category": "a", "answer": [1, 2, 3, 4]}, {"category": "b", "answer": [4, 4]}]
+    in_vocab = [True, True, True, True, False]
+    assert avc.outside_share(answers, in_vocab, "a") == 0.25 and avc.outside_share(answers, in_vocab, None) == 0.5
+    assert avc.confidence_profile([0.2, 0.25, 0.95, 0.98])["share_below_0.5"] == 0.5
+    assert avc.bin_of(0.97) != avc.bin_of(0.969) and avc.bin_of(1.0) == len(avc.BINS) - 2

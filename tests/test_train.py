@@ -566,3 +566,23 @@ def test_cli_prepare_only_then_convert_to_bfloat16(setup, tmp_path, capsys):
         else:
             assert torch.equal(a, b), name
     assert main(["convert-drafter", str(out / "final"), "--out", str(out / "final")]) == 2
+
+
+def test_mapped_shards_read_what_safetensors_wrote(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from anchorspec.train.features import map_safetensors
+
+    tensors = {"aux": torch.randn(7, 5).to(torch.bfloat16), "argmax": torch.arange(7, dtype=torch.int32),
+               "hidden": torch.randn(7, 3), "offsets": torch.tensor([0, 3, 7]), "empty": torch.zeros(0, 4)}
+    save_file(tensors, tmp_path / "s.safetensors", metadata={"note": "x"})
+    mapped, loaded = map_safetensors(tmp_path / "s.safetensors"), load_file(tmp_path / "s.safetensors")
+    assert set(mapped) == set(tensors)
+    for k, t in tensors.items():
+        assert mapped[k].dtype == t.dtype and mapped[k].shape == t.shape and torch.equal(mapped[k], loaded[k]), k
+    # views of one mapping of the file, not copies: the tensors lie as far apart as their bytes in the file
+    import json
+    raw = (tmp_path / "s.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    apart = header["hidden"]["data_offsets"][0] - header["aux"]["data_offsets"][0]
+    assert mapped["hidden"].data_ptr() - mapped["aux"].data_ptr() == apart != 0

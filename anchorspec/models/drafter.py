@@ -367,6 +367,17 @@ class Eagle3Drafter(nn.Module):
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 
+    def resize_draft_vocab(self, size: int) -> None:
+        """Make room for a draft vocabulary of `size` ids: a head of `size` rows and d2t of `size` offsets,
+        both unset (follow with set_vocab_mapping and the head's rows)."""
+        if not 1 <= size <= self.config.vocab_size:
+            raise AnchorspecError(f"a draft vocabulary must have 1..{self.config.vocab_size} ids, got {size}")
+        ref = self.lm_head.weight
+        self.lm_head = nn.Linear(self.config.hidden_size, size, bias=False, device=ref.device, dtype=ref.dtype)
+        self.d2t = torch.zeros(size, dtype=torch.long, device=self.d2t.device)  # replaces the registered buffer
+        self.config.draft_vocab_size = size
+        self._compiled = None
+
     # --- math -----------------------------------------------------------------------------------
     def project_features(self, aux: torch.Tensor) -> torch.Tensor:
         """fc(concat(fc_norm_j(a_j))) for aux [..., n_aux * Ht] (the raw target residual streams)."""

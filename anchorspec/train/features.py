@@ -15,12 +15,15 @@ Layout: ragged examples as flat tensors plus offsets, in safetensors shards of a
 ``shard_tokens`` tokens, each named by the fingerprint of its examples. ``index.json`` lists the
 finished shards and the layout of the current data, and is rewritten atomically after each shard,
 so a killed build resumes at the first missing shard and a grown corpus reuses the shards it still holds.
+Reading maps the shards instead of loading them (4.6 KB per token in bf16: a corpus of 8M tokens is a
+38 GB cache, more than a small machine's memory).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,12 +179,35 @@ def build_feature_cache(target: Target, examples: list[Example], cache_dir, batc
             "bytes": sum(shards[fp]["bytes"] for fp in layout), "tokens": total}
 
 
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                       "I32": torch.int32, "I64": torch.int64, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+def map_safetensors(path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views of a private (copy-on-write) mapping of it: pages are read
+    when a row is used and the kernel may drop them again, where `load_file` copies the whole file into memory."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable, so torch.frombuffer does not warn
+    size = int.from_bytes(mapped[:8], "little")
+    header = json.loads(mapped[8:8 + size])
+    out = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES[spec["dtype"]]
+        start, end = spec["data_offsets"]
+        count = (end - start) // dtype.itemsize
+        flat = (torch.frombuffer(mapped, dtype=dtype, count=count, offset=8 + size + start) if count
+                else torch.empty(0, dtype=dtype))  # the tensor keeps the mapping alive
+        out[name] = flat.reshape(spec["shape"])
+    return out
+
+
 class FeatureCache:
-    """Read side: example i -> (aux, hidden, argmax); all shards are loaded into memory."""
+    """Read side: example i -> (aux, hidden, argmax), from memory-mapped shards."""
 
     def __init__(self, cache_dir, examples: list[Example] | None = None):
-        from safetensors.torch import load_file
-
         cache_dir = Path(cache_dir)
         index_path = cache_dir / "index.json"
         if not index_path.is_file():
@@ -201,7 +227,7 @@ class FeatureCache:
         self._rows: list[tuple[int, int, int]] = []  # (shard, start, end) per example
         self._shards = []
         for k, fp in enumerate(self.index["layout"]):
-            t = load_file(str(cache_dir / shards[fp]["file"]))
+            t = map_safetensors(cache_dir / shards[fp]["file"])
             self._shards.append(t)
             off = t["offsets"].tolist()
             self._rows += [(k, off[j], off[j + 1]) for j in range(shards[fp]["count"])]
