@@ -787,7 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--revocab", action="store_true",
                    help="with --init-from: re-select the draft vocabulary from this data (same size, or "
                         "--draft-vocab-size); rows of tokens in both vocabularies are kept, new tokens start from "
-                        "the target's head rows")
+                        "the target's head rows mapped into the drafter's (a least-squares fit over the kept rows)")
     t.add_argument("--init-head", default="random", choices=["random", "target"],
                    help="a new drafter's lm_head and final norm: random, or the target's rows of the draft vocabulary")
     t.add_argument("--init-layer", default="random", choices=["random", "target"],
