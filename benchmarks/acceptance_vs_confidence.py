@@ -46,6 +46,7 @@ from anchorspec.data.chat import prompt_ids  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
 from anchorspec.decode.shape import replay  # noqa: E402
+from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
 
@@ -151,10 +152,9 @@ def main(argv=None) -> int:
     gcfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
 
     records: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))  # name -> category -> records
-    taus: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    walked: dict[str, dict[str, GenerationStats]] = defaultdict(lambda: defaultdict(GenerationStats))
     confs: dict[str, list[float]] = defaultdict(list)
     answers: list[dict] = []
-    draft_s: dict[str, float] = defaultdict(float)
     for q in tqdm(first_turns(args.mtbench, args.per_category), desc="answer + replay"):
         ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
         seq = torch.tensor(ids + generate_vanilla(target, torch.tensor(ids), gcfg).token_ids)
@@ -167,8 +167,8 @@ def main(argv=None) -> int:
             roots: list = []
             stats = replay(target, proposer, seq, len(ids), DEFAULT_TREE, roots=roots)
             records[name][q["category"]] += level_records(roots, conf, inside, [vocab[t] for t in seq.tolist()])
-            taus[name][q["category"]].append((stats.tau * stats.verify_steps, stats.verify_steps))
-            draft_s[name] += stats.draft_s  # the drafters take turns on every answer, so their times compare
+            # the drafters take turns on every answer, so their drafting times compare
+            walked[name][q["category"]] = walked[name][q["category"]].merge(stats)
 
     report = {"environment": environment(args), "tree": list(DEFAULT_TREE.__dict__.values()), "bins": BINS[:-1],
               "drafters": dict(zip(names, args.drafter)), "categories": {c: confidence_profile(v) for c, v in confs.items()}}
@@ -182,12 +182,13 @@ def main(argv=None) -> int:
         pooled = [r for rs in records[name].values() for r in rs]
         curve = {b: rate(ok for d, c, ok, *_ in pooled if d == 1 and bin_of(c) == b) for b in range(len(BINS) - 1)}
         for cat, recs in records[name].items():
-            tokens, steps = map(sum, zip(*taus[name][cat]))
-            report["categories"][cat][name].update(replayed_tau=tokens / max(steps, 1), **summarise(recs, curve))
-        tokens, steps = map(sum, zip(*[t for ts in taus[name].values() for t in ts]))
-        report.setdefault("pooled", {})[name] = {"replayed_tau": tokens / max(steps, 1), **summarise(pooled, curve),
+            report["categories"][cat][name].update(replayed_tau=walked[name][cat].tau, **summarise(recs, curve))
+        total = GenerationStats()
+        for stats in walked[name].values():
+            total = total.merge(stats)
+        report.setdefault("pooled", {})[name] = {"replayed_tau": total.tau, **summarise(pooled, curve),
                                                  "answer_tokens_outside_vocab": outside_share(answers, vocab, None),
-                                                 "draft_ms_per_step": 1e3 * draft_s[name] / max(steps, 1)}
+                                                 "draft_ms_per_step": 1e3 * total.draft_s / max(total.verify_steps, 1)}
 
     print(f"{args.dtype}, {args.threads} thread(s), {args.per_category} prompts a category, {args.answer_tokens} tokens, "
           f"tree {tuple(report['tree'])}; level 1: the first draft level accepted (any of its candidates)")
@@ -227,7 +228,8 @@ def outside_share(answers: list[dict], in_vocab, category: str | None) -> float:
 
 
 def vocab_size_coverage(corpus: str, target, answers: list[dict], sizes: list[int]) -> dict:
-    """Answer tokens outside a draft vocabulary of each size picked from the corpus's loss tokens (`train`'s rule)."""
+    """Answer tokens outside a draft vocabulary of each size: the corpus's most frequent loss tokens, as `train`
+    picks them but without the stop tokens it forces in."""
     from anchorspec.data.corpus import read_corpus
     from anchorspec.train.vocab import count_loss_tokens, select_draft_vocab
 
