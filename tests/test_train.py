@@ -330,23 +330,28 @@ def test_epochs_set_total_steps(setup, tmp_path):
 # 4. resume exactness
 # --------------------------------------------------------------------------------------------------
 
+def run_interrupted(cfg: TrainConfig, monkeypatch, at_step: int) -> None:
+    """Run `cfg` as a job killed (KeyboardInterrupt) just before optimizer step `at_step`."""
+    original = Trainer.train_step
+
+    def interrupted(self, window):
+        if self.step == at_step:
+            raise KeyboardInterrupt
+        return original(self, window)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(cfg).run()
+
+
 def test_resume_is_exact(setup, tmp_path, monkeypatch):
     kw = dict(max_steps=6, save_every=2, eval_every=3, eval_prompts=1)
     a_out, b_out = tmp_path / "a", tmp_path / "b"
     Trainer(config(setup, a_out, **kw)).run()
 
-    original = Trainer.train_step
-
-    def interrupted(self, window):
-        if self.step == 3:
-            raise KeyboardInterrupt
-        return original(self, window)
-
-    monkeypatch.setattr(Trainer, "train_step", interrupted)
     cfg_b = config(setup, b_out, **kw)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(cfg_b).run()
-    monkeypatch.setattr(Trainer, "train_step", original)
+    run_interrupted(cfg_b, monkeypatch, at_step=3)
     assert (b_out / "checkpoints" / "latest").read_text().strip() == "step-0000002"
     assert 3 in [r["step"] for r in read_jsonl(b_out / "metrics.jsonl")]  # stale work past the checkpoint
     assert not (b_out / "final").exists()

@@ -13,7 +13,7 @@ from anchorspec.cli import main
 from anchorspec.errors import AnchorspecError
 from anchorspec.models.drafter import KVCache, load_drafter
 from anchorspec.train.trainer import Trainer
-from test_train import DRAFT_VOCAB, config, drafter_state, read_jsonl, setup  # noqa: F401 - fixture
+from test_train import DRAFT_VOCAB, config, drafter_state, read_jsonl, run_interrupted, setup  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,18 +31,8 @@ def test_two_layer_drafter_trains_and_resumes_exactly(setup, tmp_path, monkeypat
     assert json.loads((a_out / "final" / "config.json").read_text())["num_hidden_layers"] == 2
     assert json.loads((a_out / "run.json").read_text())["config"]["draft_layers"] == 2
 
-    original = Trainer.train_step
-
-    def interrupted(self, window):
-        if self.step == 3:
-            raise KeyboardInterrupt
-        return original(self, window)
-
-    monkeypatch.setattr(Trainer, "train_step", interrupted)
     cfg_b = config(setup, b_out, **kw)
-    with pytest.raises(KeyboardInterrupt):
-        Trainer(cfg_b).run()
-    monkeypatch.setattr(Trainer, "train_step", original)
+    run_interrupted(cfg_b, monkeypatch, at_step=3)
     Trainer(dataclasses.replace(cfg_b, resume=True)).run()
     sa, sb = drafter_state(a_out / "final"), drafter_state(b_out / "final")
     assert sa.keys() == sb.keys() and any(k.startswith("layers.1.") for k in sa)
