@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, environment, model_parser, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, environment, model_parser, named_drafters, warn_if_busy  # noqa: E402
 
 from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
 from anchorspec.atomic import atomic_write_text  # noqa: E402
@@ -142,8 +142,7 @@ def main(argv=None) -> int:
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype)
     names, proposers, vocabs = [], [], []
-    for spec in args.drafter:
-        name, _, path = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
+    for name, path in named_drafters(args.drafter):
         drafter = load_drafter(path, dtype).eval()
         attach_drafter(target, drafter)
         names.append(name)

@@ -75,6 +75,12 @@ def model_parser(description: str, dtype: str = "auto", dtypes=None, many_drafte
     return p
 
 
+def named_drafters(specs: list[str]) -> list[tuple[str, str]]:
+    """(name, directory) for each `--drafter NAME=DIR` of model_parser(many_drafters=True); a bare DIR is
+    named after its folder."""
+    return [tuple(spec.split("=", 1)) if "=" in spec else (Path(spec).name, spec) for spec in specs]
+
+
 def drafter_parser(description: str) -> argparse.ArgumentParser:
     """model_parser's arguments plus what every one-drafter `generate` benchmark takes."""
     p = model_parser(description)

@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, median, timed, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, median, named_drafters, timed, warn_if_busy  # noqa: E402
 
 from anchorspec.api import Engine  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
@@ -125,8 +125,7 @@ def main(argv=None) -> int:
     options = [parse_option(text) for text in args.option]  # bad text fails before any drafter loads
     methods = [Method("hf_generate", stock, "hf")] + ([Method("anchorspec_plain", engine, "plain")] if args.plain else [])
     aux_layers = None
-    for spec in args.drafter:
-        name, _, path = spec.partition("=")
+    for name, path in named_drafters(args.drafter):
         d = load_drafter(path, dtype)
         aux_layers = aux_layers or tuple(d.config.eagle_aux_hidden_state_layer_ids)
         if aux_layers != tuple(d.config.eagle_aux_hidden_state_layer_ids):  # one target serves them all

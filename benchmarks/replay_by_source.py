@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, environment, load_prompts  # noqa: E402
+from bench_core import DEFAULT_DATA, environment, load_prompts, named_drafters  # noqa: E402
 
 from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
@@ -96,8 +96,7 @@ def main(argv=None) -> int:
 
     report = {"environment": environment(args), "dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()),
               "answer_tokens": args.answer_tokens, "rows": {}}
-    for spec in args.drafter:
-        name, _, path = spec.partition("=")
+    for name, path in named_drafters(args.drafter):
         drafter = load_drafter(path, dtype).eval()
         attach_drafter(target, drafter)
         proposer = EagleProposer(drafter)
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
             report["rows"].setdefault(src, {"answers": len(answers)})[name] = {
                 "tau": walked.tau, "steps": walked.verify_steps, "acceptance_per_depth": walked.acceptance_per_depth}
 
-    names = [s.partition("=")[0] for s in args.drafter]
+    names = [name for name, _ in named_drafters(args.drafter)]
     print(f"| source ({args.dtype}, {args.threads} thread(s), first {args.answer_tokens} answer tokens) | answers | "
           + " | ".join(f"{n} tau" for n in names) + " |")
     print("|---|---|" + "---|" * len(names))

@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import endpoint_agreement  # noqa: E402
 import recipe_ablations  # noqa: E402
+from bench_core import named_drafters  # noqa: E402
 
 
 def flag_values(argv: list[str]) -> dict[str, list[str]]:
@@ -90,3 +91,9 @@ def test_acceptance_vs_confidence_scores_only_the_levels_the_verifier_reaches():
     assert avc.outside_share(answers, in_vocab, "a") == 0.25 and avc.outside_share(answers, in_vocab, None) == 0.5
     assert avc.confidence_profile([0.2, 0.25, 0.95, 0.98])["share_below_0.5"] == 0.5
     assert avc.bin_of(0.97) != avc.bin_of(0.969) and avc.bin_of(1.0) == len(avc.BINS) - 2
+
+
+def test_drafter_specs_are_named_or_take_their_folders_name():
+    specs = ["r11=checkpoints/a-eagle3.1", "runs/r13/final", "odd=dir=with=equals"]
+    assert named_drafters(specs) == [("r11", "checkpoints/a-eagle3.1"), ("final", "runs/r13/final"),
+                                     ("odd", "dir=with=equals")]
