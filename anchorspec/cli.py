@@ -427,7 +427,7 @@ def cmd_synth_prompts(args) -> int:
     target = load_target(args.target, args.dtype)
     report = synthesize_prompts(target, args.out, args.n, batch_size=args.batch_size,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_p=args.top_p, seed=args.seed, eval_filter=eval_filter)
+                                top_p=args.top_p, seed=args.seed, eval_filter=eval_filter, system=args.system)
     print(json.dumps({"out": args.out, **report}))
     return 0
 
@@ -739,6 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top-p", type=_probability, default=1.0, help="nucleus sampling mass")
     sp.add_argument("--seed", type=int, default=0,
                     help="sampling seed; files made with different seeds share no draw")
+    sp.add_argument("--system", default=None,
+                    help="system prompt to sample queries under, to steer them toward a domain (e.g. 'You help "
+                         "people with creative writing.'); answers are regenerated under the default one")
     sp.add_argument("--eval-data", default="../shared/data",
                     help="folder of the evaluation sets whose prompts are dropped ('' = no filter)")
     _add_dtype(sp)

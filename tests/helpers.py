@@ -6,6 +6,7 @@ import torch
 import transformers
 
 from anchorspec.decode.tree import DraftTree, TreeShape, build_dynamic_tree
+from anchorspec.models.attention import use_grouped_attention
 from anchorspec.models.target import Target
 
 VOCAB = 96
@@ -31,12 +32,16 @@ def tiny_config(family: str = "llama", layers: int = 6, **overrides):
     return getattr(transformers, cls_name)(**kwargs)
 
 
-def tiny_target(family: str = "llama", dtype=torch.float64, seed: int = 0, peaked: float = 4.0) -> Target:
-    """A random model whose logits are sharpened (`peaked`) so greedy paths are not near ties."""
+def tiny_target(family: str = "llama", dtype=torch.float64, seed: int = 0, peaked: float = 4.0,
+                stock: bool = False) -> Target:
+    """A random model whose logits are sharpened (`peaked`) so greedy paths are not near ties. Its
+    attention is the project's grouped-query SDPA, as load_target gives a CPU target (`stock`: transformers')."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation="sdpa")
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(peaked)
+    if not stock:
+        use_grouped_attention(model)
     return Target(model.to(dtype).eval())
 
 

@@ -97,3 +97,27 @@ def test_shared_prefix_skips_the_prefills_and_changes_no_query(target, tmp_path,
     prefills.clear()
     synth(target, shared, 8, seed=7)
     assert prefills == [] and _prompts(shared) == _prompts(alone)
+
+
+def test_a_system_prompt_steers_the_queries_and_is_kept_apart(target, tmp_path):
+    """--system: each draw is the query sampled after that system prompt (not the default one), ids carry
+    the prompt's hash so they never collide with an unsteered file's, and a resume under another system
+    prompt is refused."""
+    tok, steer = target.tokenizer, "w7 w8 w9"
+    assert user_turn_prefix(tok, steer) != user_turn_prefix(tok) and steer in user_turn_prefix(tok, steer)
+    out = tmp_path / "s.jsonl"
+    synth(target, out, 4, seed=3, system=steer)
+    prefix = torch.tensor(tok(user_turn_prefix(tok, steer), add_special_tokens=False)["input_ids"])
+    for row in _rows(out):
+        res = generate_vanilla(target, prefix, GenerationConfig(
+            max_new_tokens=MAX_NEW, sampling=SamplingParams(1.0, 1.0), seed=draw_seed(3, row["draw"]),
+            stop_token_ids=(tok.eos_token_id,)))
+        assert row["prompt"] == tok.decode(res.token_ids[:-1], skip_special_tokens=True).strip()
+        assert row["id"].startswith("magpie-") and row["id"].endswith(f":3:{row['draw']}") and row["system"] == steer
+    plain = tmp_path / "p.jsonl"
+    synth(target, plain, 4, seed=3)
+    assert {r["id"] for r in _rows(plain)}.isdisjoint(r["id"] for r in _rows(out))
+    with pytest.raises(AnchorspecError, match="system prompt"):
+        synth(target, out, 6, seed=3)
+    with pytest.raises(AnchorspecError, match="system prompt"):
+        synth(target, plain, 6, seed=3, system=steer)

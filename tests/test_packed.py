@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.tree import TreeShape
-from anchorspec.models.packed import PackedLinear, pack_linears, packing_supported
+from anchorspec.models.packed import FusedSibling, PackedLinear, pack_linears, packing_supported
 from anchorspec.models.target import Target, load_target
 from helpers import FAMILIES, OracleProposer, save_tiny_chat_target, tiny_target
 from test_lossless import prompts, random_drafter
@@ -35,10 +35,10 @@ def test_packed_linear_is_the_same_matmul(bias, shape, dtype):
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def packed_target(family: str, dtype: torch.dtype = torch.bfloat16) -> tuple[Target, int, int]:
+def packed_target(family: str, dtype: torch.dtype = torch.bfloat16, fuse: bool = False) -> tuple[Target, int, int]:
     model = tiny_target(family, dtype=dtype).model
     linears = sum(type(m) is torch.nn.Linear for m in model.modules())
-    return Target(model, None), linears, pack_linears(model)
+    return Target(model, None), linears, pack_linears(model, fuse=fuse)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -50,11 +50,12 @@ def test_every_linear_is_packed_and_the_head_keeps_its_weight(family):
     assert isinstance(head, PackedLinear) and head.weight is not None  # the drafter's head init reads it
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_packed_target_gives_the_unpacked_logits(family):
+def test_packed_target_gives_the_unpacked_logits(family, fuse):
     for dtype in DTYPES:
         plain = tiny_target(family, dtype=dtype)
-        target = packed_target(family, dtype)[0]  # same seed: the same weights, packed
+        target = packed_target(family, dtype, fuse)[0]  # same seed: the same weights, packed
         ids = prompts()[0]
         with torch.inference_mode():
             want = plain.forward(ids, torch.arange(len(ids)), plain.new_cache()).logits.float()
@@ -67,12 +68,13 @@ def test_packed_target_gives_the_unpacked_logits(family):
             assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "granite"])
-def test_packed_target_decodes_losslessly(family, dtype):
+def test_packed_target_decodes_losslessly(family, dtype, fuse):
     """Speculative output == the packed target's own plain greedy output, chains and trees, random and
     oracle drafters (the peaked tiny models keep greedy paths far from ties)."""
-    target = packed_target(family, dtype)[0]
+    target = packed_target(family, dtype, fuse)[0]
     cfg = GenerationConfig(max_new_tokens=20)
     random = EagleProposer(random_drafter(target).to(dtype))
     for prompt in prompts():
@@ -81,6 +83,46 @@ def test_packed_target_decodes_losslessly(family, dtype):
             for shape in (TreeShape.chain(4), TreeShape(2, 3, 6)):
                 res = generate_speculative(target, proposer, prompt, cfg, shape)
                 assert res.token_ids == ref, (family, shape, type(proposer).__name__)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sibling_projections_fuse_into_one_product(family):
+    """q/k/v and gate/up become FusedSibling modules sharing one product per group (qwen2's q/k/v
+    biases included); the rest are PackedLinear; nothing is left unpacked."""
+    target, linears, packed = packed_target(family, fuse=True)
+    fused = [m for m in target.model.modules() if isinstance(m, FusedSibling)]
+    layers = target.model.config.num_hidden_layers
+    assert len(fused) == 5 * layers and packed == linears - len(fused)
+    attn = target.layers[0].self_attn
+    assert attn.q_proj.product is attn.k_proj.product is attn.v_proj.product
+    assert not any(type(m) is torch.nn.Linear for m in target.model.modules())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_fused_sibling_is_its_own_linear_layer_whatever_the_call_order(dtype):
+    """Each member returns its own product of its input: called in any order, on one input or on
+    different ones (then the group computes again), and no input is held once all have taken theirs."""
+    torch.manual_seed(0)
+    parent = torch.nn.Module()
+    for name, out in (("q_proj", 24), ("k_proj", 8), ("v_proj", 8)):
+        setattr(parent, name, torch.nn.Linear(16, out, bias=True).to(dtype))
+    want = {n: getattr(parent, n) for n in ("q_proj", "k_proj", "v_proj")}
+    x, y = torch.randn(3, 16).to(dtype), torch.randn(3, 16).to(dtype)
+    ref = {n: {id(a): F.linear(a, m.weight, m.bias) for a in (x, y)} for n, m in want.items()}
+    from anchorspec.models.packed import fuse_siblings
+
+    assert fuse_siblings(parent) == 1
+    tol = TOLERANCE[dtype]
+    with torch.inference_mode():
+        for calls in ([("v_proj", x), ("q_proj", x), ("k_proj", x)], [("q_proj", x), ("k_proj", y), ("v_proj", x)],
+                      [("q_proj", x), ("q_proj", y), ("k_proj", y), ("v_proj", y)]):
+            for name, a in calls:
+                torch.testing.assert_close(getattr(parent, name)(a), ref[name][id(a)], rtol=tol, atol=tol)
+    product = parent.q_proj.product
+    with torch.inference_mode():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(parent, name)(x)
+    assert product.input is None and product.outputs == []
 
 
 def test_load_target_packs_when_asked(tmp_path, monkeypatch):

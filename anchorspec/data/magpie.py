@@ -5,7 +5,8 @@ download, and follow what the target "expects" to be asked.
 Queries are sampled on regenerate's continuous-batching rounds (a finished query's slot takes the next
 draw at once; no row is padded to another's length): draw j is sampled with ``draw_seed(seed, j)``, so it is
 the same query whatever else is in the batch. Kept queries are written in draw order (filters applied in
-that order too), as JSONL ``{"id": "magpie:<seed>:<draw>", "prompt": ..., "draw": j}`` (fsynced), so
+that order too), as JSONL ``{"id": "magpie:<seed>:<draw>", "prompt": ..., "draw": j}`` (fsynced; with a
+system prompt the id is ``magpie-<hash>:<seed>:<draw>`` and the line carries it), so
 re-running with the same file continues after the last draw written and equals an uninterrupted run.
 """
 
@@ -28,10 +29,11 @@ from .regenerate import AnswerRequest, ContinuousBatcher
 _MARK = "\u2063MAGPIE\u2063"  # a placeholder no template rewrites, to find where the user's text would start
 
 
-def user_turn_prefix(tokenizer) -> str:
-    """The rendered chat up to where a user's message begins (the template's default system prompt kept)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False,
-                                         add_generation_prompt=False)
+def user_turn_prefix(tokenizer, system: str | None = None) -> str:
+    """The rendered chat up to where a user's message begins: the template's default system prompt, or
+    `system` (a system prompt steers the queries toward a domain: the Magpie paper's filtered variants)."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": _MARK}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     if _MARK not in text:
         raise AnchorspecError("the chat template does not render a user message verbatim; Magpie needs that")
     return text[: text.index(_MARK)]
@@ -46,7 +48,15 @@ def draw_seed(seed: int, draw: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _done(out: Path) -> tuple[int, list[str]]:
+def id_prefix(seed: int, system: str | None) -> str:
+    """`magpie:<seed>`, or with a system prompt `magpie-<8 hex of its hash>:<seed>`: ids stay unique across
+    files (--skip-packed and the corpus match prompts by id), and the corpus counts each steer apart."""
+    if not system:
+        return f"magpie:{seed}"
+    return f"magpie-{hashlib.sha256(system.encode()).hexdigest()[:8]}:{seed}"
+
+
+def _done(out: Path, system: str | None) -> tuple[int, list[str]]:
     """(draws already made, kept prompts) of an existing output file; a cut-off last line is removed."""
     if not out.exists():
         return 0, []
@@ -58,26 +68,32 @@ def _done(out: Path) -> tuple[int, list[str]]:
     lines = [json.loads(x) for x in jsonl_lines(keep.decode()) if x.strip()]
     if any("draw" not in r for r in lines):
         raise AnchorspecError(f"{out} was written by an older synth-prompts (batches, not draws); use another --out")
+    steers = {r.get("system") or None for r in lines}
+    if steers and steers != {system or None}:
+        raise AnchorspecError(f"{out} was written with system prompt {next(iter(steers))!r}, not {system or None!r}; "
+                              "give the same --system or another --out")
     return max((int(r["draw"]) + 1 for r in lines), default=0), [r["prompt"] for r in lines]
 
 
 def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_new_tokens: int = 96,
                        temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, min_words: int = 3,
                        eval_filter: EvalFilter | None = None, progress: bool = True,
-                       shared_prefix: bool = True) -> dict:
+                       shared_prefix: bool = True, system: str | None = None) -> dict:
     """Append sampled user queries to ``out_path`` (the target: a models.target.Target) until it holds
     ``n``. Queries that run into the token limit (unfinished), have fewer than ``min_words`` words, repeat
     an earlier one, or contain an evaluation prompt are dropped (and counted). `shared_prefix=False`
-    prefills every draw's prompt alone (the path before shared prefixes; kept to benchmark against)."""
+    prefills every draw's prompt alone (the path before shared prefixes; kept to benchmark against).
+    `system`: the system prompt the queries are sampled under (answers are regenerated under the
+    template's default one, as users ask), recorded on every line."""
     from tqdm import tqdm
 
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    next_draw, kept = _done(out)
+    next_draw, kept = _done(out, system)
     have = len(kept)
     seen = {" ".join(words(p)) for p in kept}
     tokenizer = target.tokenizer
-    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
+    prefix = tokenizer(user_turn_prefix(tokenizer, system), add_special_tokens=False)["input_ids"]
     eot = tokenizer.eos_token_id  # ChatML's <|im_end|>: the end of the user's turn
     # every draw's prompt is the same prefix: its rows are computed once, and a new draw joins the
     # next round's batched forward instead of prefilling alone
@@ -123,7 +139,8 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
                 if why:
                     counts[why] += 1
                 else:
-                    rows.append({"id": f"magpie:{seed}:{next_draw}", "prompt": text, "draw": next_draw})
+                    rows.append({"id": f"{id_prefix(seed, system)}:{next_draw}", "prompt": text, "draw": next_draw,
+                                 **({"system": system} if system else {})})
                 next_draw += 1
             if rows:
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

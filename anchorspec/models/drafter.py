@@ -32,6 +32,7 @@ from torch import nn
 
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
+from .attention import grouped_attention
 from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
 from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
 from .vocab_map import vocab_mapping
@@ -264,8 +265,7 @@ class DrafterAttention(nn.Module):
             out = probs.to(v_all.dtype) @ v_all
         else:
             causal = isinstance(mask, str)  # CAUSAL: no past, so SDPA's own causal mask is the right one
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=None if causal else mask,
-                                                 is_causal=causal, enable_gqa=groups > 1)
+            out = grouped_attention(q, k_all, v_all, None if causal else mask, is_causal=causal)
         out = out.transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out), probs
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import AnchorspecError
+from .attention import use_grouped_attention, uses_grouped_attention
 from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
@@ -247,10 +248,12 @@ class Target:
 
 
 def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=None, attn: str = "sdpa",
-                pack: str | None = None) -> Target:
+                pack: str | None = None, stock: bool = False) -> Target:
     """Load a target by directory, alias or hub id; dtype "auto" is the fast one here (models/dtype.py);
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the linear weights for
-    oneDNN where that was measured faster (models/packed.py)."""
+    oneDNN where that was measured faster, q/k/v and gate/up as one product each (models/packed.py);
+    SDPA attention runs in the fastest grouped-query form per call (models/attention.py). `stock`: neither,
+    transformers as users get it (a baseline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = resolve_target_dtype(dtype, target, pack=pack) if isinstance(dtype, str) else dtype
@@ -261,12 +264,17 @@ def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=No
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AnchorspecError(f"cannot load target {target!r} from {path}: {first}") from exc
+    if stock:
+        return Target(model, tokenizer, aux_layer_ids)
+    if model.device.type == "cpu":
+        use_grouped_attention(model)
     if resolve_packing(pack, torch_dtype, model.device, model_shapes(model.config)):
-        pack_linears(model)
+        pack_linears(model, fuse=True)
     return Target(model, tokenizer, aux_layer_ids)
 
 
 def stock_twin(target: Target, name: str, dtype: torch.dtype) -> Target:
-    """`target` itself, or, when its weights are prepacked, the same model loaded again with the stock
-    weights: a Hugging Face baseline runs transformers as users get it, never the project's packing."""
-    return load_target(name, dtype, pack="off") if is_packed(target.model) else target
+    """`target` itself, or, when its weights are prepacked or its attention is the project's, the same model
+    loaded again as transformers gives it: a Hugging Face baseline never runs the project's changes."""
+    changed = is_packed(target.model) or uses_grouped_attention(target.model)
+    return load_target(name, dtype, stock=True) if changed else target

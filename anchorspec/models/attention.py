@@ -1,0 +1,112 @@
+"""Grouped-query attention through torch's SDPA in the form that is fastest for the call, on a CPU.
+
+SDPA takes grouped-query attention (several query heads per key/value head) in three forms:
+`enable_gqa=True`; keys and values repeated per query head (what transformers does on a CPU whenever
+a mask is given and the query has more than one row); or, for one query row, the query heads of a group
+laid out as rows of their key/value head (transformers' `pack_gqa`, which it uses only when a mask is
+given). For SmolLM2-135M's shapes (3 key/value heads x 3 groups x 64) on an AVX-512-bf16 EPYC, 2
+threads, 512 keys, µs per call (benchmarks/results/lean-step-s37/):
+
+| query rows | dtype | enable_gqa | repeated k/v + mask | group as rows |
+|---|---|---|---|---|
+| 1 (a plain step) | bf16 | 418 | 530 | **94** |
+| 1 | fp32 | **57** | 131 | 77 |
+| 4 (a verify), mask | bf16 | **139** | 235 | 133 |
+| 16, mask | bf16 | **294** | 363 | 277 |
+
+transformers decodes one row with `enable_gqa` (no mask: the 4x slower form in bf16) and verifies with
+repeated keys and values. Here: several rows with a mask use `enable_gqa`, and one row uses whichever
+of `enable_gqa` and group-as-rows a short probe measures faster for the dtype and shapes (cached per
+process). The forms compute the same dot products and softmax per row; equality with the stock path is
+tested, and lossless decoding does not depend on it (plain and speculative steps share this function)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+IMPLEMENTATION = "anchorspec_sdpa"  # the name the target's config carries once use_grouped_attention ran
+GQA, ROWS = "enable_gqa", "rows"
+_one_row_form: dict[tuple, str] = {}
+
+
+def _probe_one_row(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
+    """GQA or ROWS: the faster one-row form at 256 keys, median of 15 calls each (a few ms, once)."""
+    keys = torch.randn(1, kv_heads, 256, head_dim, device=device).to(dtype)
+    query = torch.randn(1, kv_heads * groups, 1, head_dim, device=device).to(dtype)
+    cost = {}
+    for form in (GQA, ROWS):
+        times = []
+        for _ in range(18):
+            t0 = time.perf_counter()
+            _one_row(query, keys, keys, None, None, form)
+            times.append(time.perf_counter() - t0)
+        cost[form] = sorted(times[3:])[len(times[3:]) // 2]
+    return ROWS if cost[ROWS] < cost[GQA] else GQA
+
+
+def one_row_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
+    key = (device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads())
+    if key not in _one_row_form:
+        with torch.inference_mode():
+            _one_row_form[key] = _probe_one_row(device, dtype, kv_heads, groups, head_dim)
+    return _one_row_form[key]
+
+
+def _one_row(query, key, value, mask, scale, form: str) -> torch.Tensor:
+    if form == GQA:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=True)
+    B, H, _, D = query.shape
+    rows = query.reshape(B, key.shape[1], H // key.shape[1], D)  # head kv * groups + g -> row g of head kv
+    return F.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scale).reshape(B, H, 1, D)
+
+
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float | None = None, is_causal: bool = False) -> torch.Tensor:
+    """SDPA of query [B, H, T, D] over key, value [B, KV, L, D] (H a multiple of KV) with an additive or
+    boolean `mask` broadcast over heads ([B or 1, 1, T, L]) or None; returns [B, H, T, D]."""
+    B, H, T, D = query.shape
+    groups = H // key.shape[1]
+    if (groups > 1 and T == 1 and not is_causal and query.device.type == "cpu" and (mask is None or mask.shape[1] == 1)
+            and not torch.compiler.is_compiling()):
+        form = one_row_form(query.device, query.dtype, key.shape[1], groups, D)
+        return _one_row(query, key, value, mask, scale, form)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, is_causal=is_causal,
+                                          enable_gqa=groups > 1)
+
+
+def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                 is_causal: bool | None = None, **kwargs):
+    """transformers' attention-function signature (AttentionInterface): grouped_attention on a CPU for
+    decode and verify forwards; transformers' own SDPA function for the rest (a prefill's causal form
+    without a mask, dropout, position biases, another device)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (query.device.type != "cpu" or dropout or kwargs.get("position_bias") is not None
+            or kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None
+            or (attention_mask is None and query.shape[2] > 1)
+            or (attention_mask is not None and attention_mask.shape[1] != 1)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = grouped_attention(query, key, value, attention_mask, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_grouped_attention(model) -> bool:
+    """Point an SDPA model's attention at hf_attention (registered with transformers once). Returns
+    whether it did: models on another attention implementation keep theirs."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(IMPLEMENTATION, hf_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)  # the same masks, and their skips, as "sdpa"
+    model.set_attn_implementation(IMPLEMENTATION)
+    return True
+
+
+def uses_grouped_attention(model) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION

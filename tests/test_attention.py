@@ -1,0 +1,100 @@
+"""The project's grouped-query attention (models/attention.py): both one-row forms and the masked form
+compute what repeated keys and values give, a target running it gives transformers' own SDPA logits,
+the one-row form is measured once per shape, and only SDPA models are switched."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from anchorspec.models import attention
+from anchorspec.models.attention import GQA, ROWS, grouped_attention, use_grouped_attention, uses_grouped_attention
+from helpers import FAMILIES, tiny_target
+from test_lossless import prompts
+
+
+def reference(q, k, v, mask, is_causal=False):
+    """Keys and values repeated per query head: plain multi-head SDPA."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("form", [GQA, ROWS])
+@pytest.mark.parametrize("rows,masked", [(1, False), (1, True), (3, True), (5, False)])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_every_form_is_multi_head_attention_with_repeated_keys(monkeypatch, form, rows, masked, batch):
+    torch.manual_seed(0)
+    q = torch.randn(batch, 6, rows, 8, dtype=torch.float64)
+    k, v = torch.randn(batch, 2, 11, 8, dtype=torch.float64), torch.randn(batch, 2, 11, 8, dtype=torch.float64)
+    mask = None
+    if masked:  # the last key hidden from the first row; additive, broadcast over heads
+        mask = torch.zeros(batch, 1, rows, 11, dtype=torch.float64)
+        mask[:, :, 0, -1] = float("-inf")
+    monkeypatch.setattr(attention, "_one_row_form", {})
+    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: form)
+    causal = rows > 1 and not masked
+    got = grouped_attention(q, k[..., :rows, :] if causal else k, v[..., :rows, :] if causal else v, mask,
+                            is_causal=causal)
+    want = reference(q, k[..., :rows, :] if causal else k, v[..., :rows, :] if causal else v, mask, causal)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    if masked and rows == 1:  # the mask did something: without it the answer changes
+        assert not torch.allclose(grouped_attention(q, k, v, None), got)
+
+
+def test_the_one_row_form_is_measured_once_per_shape(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention, "_one_row_form", {})
+    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: calls.append(a) or ROWS)
+    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8)
+    for _ in range(3):
+        grouped_attention(q, k, k, None)
+    grouped_attention(torch.randn(1, 6, 1, 8), k, k, None)  # 3 groups: another shape, another probe
+    assert len(calls) == 2
+    assert attention._one_row_form[("cpu", torch.float32, 2, 2, 8, torch.get_num_threads())] == ROWS
+
+
+def test_the_probe_returns_a_form():
+    assert attention._probe_one_row(torch.device("cpu"), torch.float32, 2, 3, 8) in (GQA, ROWS)
+
+
+@pytest.mark.parametrize("form", [GQA, ROWS])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_target_on_grouped_attention_gives_the_stock_logits(monkeypatch, family, form):
+    """Prefill (causal, no mask), one-token steps (no mask) and a masked multi-token forward, float64."""
+    monkeypatch.setattr(attention, "_one_row_form", {})
+    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: form)
+    ours, stock = tiny_target(family), tiny_target(family, stock=True)
+    assert uses_grouped_attention(ours.model) and not uses_grouped_attention(stock.model)
+    ids = prompts()[0]
+    caches = ours.new_cache(), stock.new_cache()
+    for t in (ours, stock):
+        assert t.model.config._attn_implementation in ("sdpa", attention.IMPLEMENTATION)
+    outs = [t.forward(ids[:6], torch.arange(6), c) for t, c in zip((ours, stock), caches)]
+    torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=1e-10, atol=1e-10)
+    for pos in (6, 7):
+        outs = [t.forward(ids[pos:pos + 1], torch.tensor([pos]), c) for t, c in zip((ours, stock), caches)]
+        torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=1e-10, atol=1e-10)
+    mask = torch.zeros(1, 1, 2, 10, dtype=torch.float64)
+    mask[0, 0, 0, 9] = float("-inf")  # a 2-node tree: siblings, each sees the past and itself only
+    mask[0, 0, 1, 8] = float("-inf")
+    outs = [t.forward(ids[8:10], torch.tensor([8, 8]), c, attention_mask=mask) for t, c in zip((ours, stock), caches)]
+    torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=1e-10, atol=1e-10)
+
+
+def test_only_sdpa_models_are_switched():
+    eager = tiny_target(stock=True)
+    eager.model.set_attn_implementation("eager")
+    assert not use_grouped_attention(eager.model) and eager.model.config._attn_implementation == "eager"
+    assert use_grouped_attention(tiny_target(stock=True).model)
+
+
+def test_stock_twin_reloads_a_target_on_grouped_attention(tmp_path):
+    from anchorspec.models.target import load_target, stock_twin
+    from helpers import save_tiny_chat_target
+
+    path = save_tiny_chat_target(tmp_path / "t", dtype=torch.float32)
+    ours = load_target(str(path), "float32", pack="off")
+    assert uses_grouped_attention(ours.model)
+    twin = stock_twin(ours, str(path), torch.float32)
+    assert twin is not ours and not uses_grouped_attention(twin.model)
+    assert stock_twin(twin, str(path), torch.float32) is twin
