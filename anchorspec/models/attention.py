@@ -5,17 +5,18 @@ SDPA takes grouped-query attention (several query heads per key/value head) in t
 a mask is given and the query has more than one row); or, for one query row, the query heads of a group
 laid out as rows of their key/value head (transformers' `pack_gqa`, which it uses only when a mask is
 given). For SmolLM2-135M's shapes (3 key/value heads x 3 groups x 64) on an AVX-512-bf16 EPYC, 2
-threads, 512 keys, µs per call (benchmarks/results/lean-step-s37/):
+threads, 512 keys, µs per call (benchmarks/bench_attention.py, results in benchmarks/results/lean-step-s37/):
 
 | query rows | dtype | enable_gqa | repeated k/v + mask | group as rows |
 |---|---|---|---|---|
-| 1 (a plain step) | bf16 | 418 | 530 | **94** |
-| 1 | fp32 | **57** | 131 | 77 |
-| 4 (a verify), mask | bf16 | **139** | 235 | 133 |
-| 16, mask | bf16 | **294** | 363 | 277 |
+| 1 (a plain step) | bf16 | 294 | 332 | **62** |
+| 1 | fp32 | **46** | 160 | 54 |
+| 4 (a verify), mask | bf16 | **117** | 189 | 106 (mask repeated) |
+| 16, mask | bf16 | **276** | 343 | 264 (mask repeated) |
 
-transformers decodes one row with `enable_gqa` (no mask: the 4x slower form in bf16) and verifies with
-repeated keys and values. Here: several rows with a mask use `enable_gqa`, and one row uses whichever
+transformers decodes one row with `enable_gqa` (no mask: 4.7x group-as-rows' time here in bf16) and
+verifies with repeated keys and values. Here: several rows with a mask use `enable_gqa` (group-as-rows
+is up to ~25 % faster at 2-4 rows in bf16, slower from 8 rows on: not worth a second rule), and one row uses whichever
 of `enable_gqa` and group-as-rows a short probe measures faster for the dtype and shapes (cached per
 process). The forms compute the same dot products and softmax per row; equality with the stock path is
 tested, and lossless decoding does not depend on it (plain and speculative steps share this function)."""

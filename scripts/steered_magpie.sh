@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Magpie prompts steered toward the MT-bench categories where the released drafter accepts least for how
+# sure the target is (writing and stem: docs/results.md, "Session 35"), answered by the target and packed
+# as new corpus parts for the next training round. The target writes the queries under a system prompt
+# (`synth-prompts --system`) and answers them under its default one, as users ask. Resumable: re-run
+# after an interruption and every step continues where it stopped.
+# Budget knob: N (prompts per steer).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${SHARED:-../shared/data}
+RUN=${RUN:-${ANCHORSPEC_HOME:-$HOME/.cache/anchorspec}/runs/smollm2-135m-instruct-steered}
+CORPUS=${CORPUS:-corpus/smollm2-135m-instruct}
+N=${N:-1500}
+THREADS=${THREADS:-2}
+T=smollm2-135m-instruct
+export PYTHONUNBUFFERED=1
+mkdir -p "$RUN"
+declare -A STEER=(
+  [writing]="You are a writing assistant. People ask you to write stories, poems, essays, letters, emails, speeches, blog posts and social media posts, or to rewrite and edit their text."
+  [stem]="You are a science and engineering tutor. People ask you about physics, chemistry, biology, medicine, astronomy, geology, computer science and technology."
+)
+for name in writing stem; do
+  anchorspec synth-prompts --target $T --n "$N" --out "$RUN/magpie-$name.jsonl" --system "${STEER[$name]}" \
+    --eval-data "$SHARED" --seed 37 --threads "$THREADS"
+done
+for name in writing stem; do
+  anchorspec regenerate --target $T --out "$RUN/answers-magpie-$name.jsonl" --data "$RUN/magpie-$name.jsonl" \
+    --batch-size 32 --max-new-tokens 256 --max-prompt-tokens 512 --seed 0 --threads "$THREADS" --skip-packed "$CORPUS"
+done
+anchorspec pack-corpus "$RUN"/answers-magpie-*.jsonl --target $T --out "$CORPUS" --eval-data "$SHARED" \
+  --info temperature=0 --info max_new_tokens=256 --info "engine=anchorspec regenerate (continuous batching)"
