@@ -12,6 +12,16 @@ from helpers import FAMILIES, tiny_target
 from test_lossless import prompts
 
 
+@pytest.fixture
+def force_form(monkeypatch, tmp_path):
+    """force_form(GQA or ROWS): every one-row call takes that form (nothing read from a cached verdict)."""
+    def force(form):
+        monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))
+        monkeypatch.setattr(attention, "_one_row_form", {})
+        monkeypatch.setattr(attention, "_probe_one_row", lambda *a: form)
+    return force
+
+
 def reference(q, k, v, mask, is_causal=False):
     """Keys and values repeated per query head: plain multi-head SDPA."""
     groups = q.shape[1] // k.shape[1]
@@ -22,7 +32,7 @@ def reference(q, k, v, mask, is_causal=False):
 @pytest.mark.parametrize("form", [GQA, ROWS])
 @pytest.mark.parametrize("rows,masked", [(1, False), (1, True), (3, True), (5, False)])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_every_form_is_multi_head_attention_with_repeated_keys(monkeypatch, form, rows, masked, batch):
+def test_every_form_is_multi_head_attention_with_repeated_keys(force_form, form, rows, masked, batch):
     torch.manual_seed(0)
     q = torch.randn(batch, 6, rows, 8, dtype=torch.float64)
     k, v = torch.randn(batch, 2, 11, 8, dtype=torch.float64), torch.randn(batch, 2, 11, 8, dtype=torch.float64)
@@ -30,8 +40,7 @@ def test_every_form_is_multi_head_attention_with_repeated_keys(monkeypatch, form
     if masked:  # the last key hidden from the first row; additive, broadcast over heads
         mask = torch.zeros(batch, 1, rows, 11, dtype=torch.float64)
         mask[:, :, 0, -1] = float("-inf")
-    monkeypatch.setattr(attention, "_one_row_form", {})
-    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: form)
+    force_form(form)
     causal = rows > 1 and not masked
     got = grouped_attention(q, k[..., :rows, :] if causal else k, v[..., :rows, :] if causal else v, mask,
                             is_causal=causal)
@@ -41,8 +50,11 @@ def test_every_form_is_multi_head_attention_with_repeated_keys(monkeypatch, form
         assert not torch.allclose(grouped_attention(q, k, v, None), got)
 
 
-def test_the_one_row_form_is_measured_once_per_shape(monkeypatch):
+def test_the_one_row_form_is_measured_once_per_machine_and_shape(monkeypatch, tmp_path):
+    """Probed once per shape, then read from $ANCHORSPEC_HOME by a fresh process (so processes on one
+    machine choose alike); a damaged verdict file is measured again."""
     calls = []
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path))
     monkeypatch.setattr(attention, "_one_row_form", {})
     monkeypatch.setattr(attention, "_probe_one_row", lambda *a: calls.append(a) or ROWS)
     q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8)
@@ -51,6 +63,16 @@ def test_the_one_row_form_is_measured_once_per_shape(monkeypatch):
     grouped_attention(torch.randn(1, 6, 1, 8), k, k, None)  # 3 groups: another shape, another probe
     assert len(calls) == 2
     assert attention._one_row_form[("cpu", torch.float32, 2, 2, 8, torch.get_num_threads())] == ROWS
+    files = sorted((tmp_path / "attention").glob("*.json"))
+    assert len(files) == 2
+    monkeypatch.setattr(attention, "_one_row_form", {})  # a new process: the verdicts come from the files
+    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: calls.append(a) or GQA)
+    grouped_attention(q, k, k, None)
+    assert len(calls) == 2 and attention.one_row_form(q.device, q.dtype, 2, 2, 8) == ROWS
+    for f in files:
+        f.write_text("{")
+    monkeypatch.setattr(attention, "_one_row_form", {})
+    assert attention.one_row_form(q.device, q.dtype, 2, 2, 8) == GQA and len(calls) == 3
 
 
 def test_the_probe_returns_a_form():
@@ -59,10 +81,9 @@ def test_the_probe_returns_a_form():
 
 @pytest.mark.parametrize("form", [GQA, ROWS])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_a_target_on_grouped_attention_gives_the_stock_logits(monkeypatch, family, form):
+def test_a_target_on_grouped_attention_gives_the_stock_logits(force_form, family, form):
     """Prefill (causal, no mask), one-token steps (no mask) and a masked multi-token forward, float64."""
-    monkeypatch.setattr(attention, "_one_row_form", {})
-    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: form)
+    force_form(form)
     ours, stock = tiny_target(family), tiny_target(family, stock=True)
     assert uses_grouped_attention(ours.model) and not uses_grouped_attention(stock.model)
     ids = prompts()[0]

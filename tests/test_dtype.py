@@ -111,7 +111,7 @@ def test_real_probe_is_short_and_complete(one_thread):
 def test_concurrent_probes_settle_on_the_first_verdict(home):
     """Two processes (DDP ranks) probing at once must compute in the same dtype: the first verdict written wins."""
     def probe_while_another_process_writes(hidden, intermediate):
-        other = {"key": dt._probe_key(dt.cpu_description(), hidden, intermediate), "choice": "float32",
+        other = {"key": dt._probe_key(hidden, intermediate), "choice": "float32",
                  "bf16_speedup": 0.5, "pack_bf16": False, "pack_fp32": False, "seconds": {}}
         path = dt.probe_cache_path(other["key"])
         path.parent.mkdir(parents=True, exist_ok=True)

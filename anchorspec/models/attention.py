@@ -18,7 +18,7 @@ transformers decodes one row with `enable_gqa` (no mask: 4.7x group-as-rows' tim
 verifies with repeated keys and values. Here: several rows with a mask use `enable_gqa` (group-as-rows
 is up to ~25 % faster at 2-4 rows in bf16, slower from 8 rows on: not worth a second rule), and one row uses whichever
 of `enable_gqa` and group-as-rows a short probe measures faster for the dtype and shapes (cached per
-process). The forms compute the same dot products and softmax per row; equality with the stock path is
+machine, as the dtype probe is). The forms compute the same dot products and softmax per row; equality with the stock path is
 tested, and lossless decoding does not depend on it (plain and speculative steps share this function)."""
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .dtype import cached_verdict, machine_key
+
 IMPLEMENTATION = "anchorspec_sdpa"  # the name the target's config carries once use_grouped_attention ran
 GQA, ROWS = "enable_gqa", "rows"
+PROBE_VERSION = 1  # bump when the probe changes, so old verdicts are not reused
 _one_row_form: dict[tuple, str] = {}
 
 
@@ -49,11 +52,19 @@ def _probe_one_row(device: torch.device, dtype: torch.dtype, kv_heads: int, grou
 
 
 def one_row_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
-    key = (device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads())
-    if key not in _one_row_form:
-        with torch.inference_mode():
-            _one_row_form[key] = _probe_one_row(device, dtype, kv_heads, groups, head_dim)
-    return _one_row_form[key]
+    """GQA or ROWS for one query row: probed once per machine and shapes (cached under
+    $ANCHORSPEC_HOME/attention/, so every process on a machine rounds alike), then kept in memory."""
+    memo = (device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads())
+    if memo not in _one_row_form:
+        def measure() -> dict:
+            with torch.inference_mode():
+                return {"form": _probe_one_row(device, dtype, kv_heads, groups, head_dim)}
+
+        key = machine_key(device=device.type, dtype=str(dtype), kv_heads=kv_heads, groups=groups, head_dim=head_dim,
+                          probe=PROBE_VERSION)
+        record, _ = cached_verdict("attention", key, measure, lambda r: r.get("form") in (GQA, ROWS))
+        _one_row_form[memo] = record["form"]
+    return _one_row_form[memo]
 
 
 def _one_row(query, key, value, mask, scale, form: str) -> torch.Tensor:

@@ -123,26 +123,35 @@ def probe_gemms(hidden: int, intermediate: int) -> dict:
     return {name: {str(rows): by_rows[rows][name] for rows in by_rows} for name in by_rows[1]}
 
 
-def _probe_key(cpu: dict, hidden: int, intermediate: int) -> dict:
+def machine_key(**fields) -> dict:
+    """What a measured verdict is valid for: this CPU (model and flags), torch version and thread count,
+    plus `fields` (the shapes or dtype measured)."""
+    cpu = cpu_description()
     return {"cpu": cpu["model"], "flags_sha1": hashlib.sha1(" ".join(cpu["flags"]).encode()).hexdigest()[:16],
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "hidden": hidden,
-            "intermediate": intermediate, "probe": PROBE_VERSION}
+            "torch": torch.__version__, "threads": torch.get_num_threads(), **fields}
 
 
-def probe_cache_path(key: dict) -> Path:
+def _probe_key(hidden: int, intermediate: int) -> dict:
+    return machine_key(hidden=hidden, intermediate=intermediate, probe=PROBE_VERSION)
+
+
+def probe_cache_path(key: dict, kind: str = "dtype") -> Path:
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_home() / "dtype" / f"{digest}.json"
+    return cache_home() / kind / f"{digest}.json"
 
 
-def _read_verdict(path: Path, key: dict) -> dict | None:
+def _dtype_verdict_ok(record: dict) -> bool:
+    return (record.get("choice") in ("float32", "bfloat16") and isinstance(record.get("pack_bf16"), bool)
+            and isinstance(record.get("pack_fp32"), bool))
+
+
+def _read_verdict(path: Path, key: dict, ok: Callable[[dict], bool] = _dtype_verdict_ok) -> dict | None:
     """The cached verdict at `path` if it is whole and for this key; None otherwise (then it is re-measured)."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = (isinstance(record, dict) and record.get("key") == key and record.get("choice") in ("float32", "bfloat16")
-          and isinstance(record.get("pack_bf16"), bool) and isinstance(record.get("pack_fp32"), bool))
-    return record if ok else None
+    return record if isinstance(record, dict) and record.get("key") == key and ok(record) else None
 
 
 def _verdict(seconds: dict, packing: bool = True) -> dict:
@@ -158,25 +167,31 @@ def _verdict(seconds: dict, packing: bool = True) -> dict:
             "choice": "bfloat16" if best_bf16 < BF16_MARGIN * best_fp32 else "float32"}
 
 
-def cpu_probe_record(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[dict, Path]:
-    """The probe's verdict for this machine and these shapes: read from the cache, or measured and cached."""
-    cpu = cpu_description()
-    key = _probe_key(cpu, hidden, intermediate)
-    path = probe_cache_path(key)
-    record = _read_verdict(path, key)
+def cached_verdict(kind: str, key: dict, measure: Callable[[], dict],
+                   ok: Callable[[dict], bool]) -> tuple[dict, Path]:
+    """A measured verdict for `key`, read from $ANCHORSPEC_HOME/<kind>/ or measured and cached there.
+    The first verdict written wins (processes probing at once, DDP ranks, then all decide alike); a
+    damaged file is measured again; a read-only home only costs a probe next time."""
+    path = probe_cache_path(key, kind)
+    record = _read_verdict(path, key, ok)
     if record is None:
         damaged = path.exists()
-        record = {"key": key, **_verdict(probe(hidden, intermediate))}
+        record = {"key": key, **measure()}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if damaged:
                 path.unlink(missing_ok=True)
             if not atomic_create_text(path, json.dumps(record, indent=1) + "\n"):
-                record = _read_verdict(path, key) or record  # probed at once by another process (DDP ranks):
-                # the first verdict written wins, so every rank computes in the same dtype
+                record = _read_verdict(path, key, ok) or record
         except OSError:
-            pass  # a read-only home only costs a probe next time
+            pass
     return record, path
+
+
+def cpu_probe_record(hidden: int, intermediate: int, probe: Callable[[int, int], dict] = probe_gemms) -> tuple[dict, Path]:
+    """The probe's verdict for this machine and these shapes: read from the cache, or measured and cached."""
+    return cached_verdict("dtype", _probe_key(hidden, intermediate),
+                          lambda: _verdict(probe(hidden, intermediate)), _dtype_verdict_ok)
 
 
 def _choice(record: dict, packing: bool) -> tuple[str, float, bool]:

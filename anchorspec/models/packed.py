@@ -15,8 +15,8 @@ so each group becomes one packed product whose output is split. At one row a pro
 plus ~20 us of call overhead, and a decode step of SmolLM2-135M makes 211 of them; fused, 121. On an
 AVX-512-bf16 EPYC, 2 threads, the plain loop went from 1.35x to 1.49x HF `generate` in bf16 and from
 1.32x to 1.46x in fp32 (benchmarks/bench_lean_step.py; benchmarks/results/lean-step-s37/). Members of a
-group must be called on the same input tensor within a forward, as decoder layers do; any other input
-is computed again, never served stale.
+group are called on the same input tensor within a forward, as decoder layers do; another tensor is
+computed again.
 
 Whether to pack is a measured decision (models/dtype.py probes both at the model's shapes and
 caches the verdict per machine). The target is packed at load: it runs under no_grad or inference
