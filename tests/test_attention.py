@@ -119,3 +119,23 @@ def test_stock_twin_reloads_a_target_on_grouped_attention(tmp_path):
     twin = stock_twin(ours, str(path), torch.float32)
     assert twin is not ours and not uses_grouped_attention(twin.model)
     assert stock_twin(twin, str(path), torch.float32) is twin
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_masks_per_head_and_causal_prefills_are_left_to_transformers(force_form, rows):
+    """A mask that differs per head, and a multi-row forward without a mask (a prefill: causal), take
+    transformers' own SDPA function; both still give multi-head attention with repeated keys."""
+    force_form(ROWS)
+    torch.manual_seed(1)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    q = torch.randn(1, 6, rows, 8, dtype=torch.float64)
+    k, v = torch.randn(1, 2, rows, 8, dtype=torch.float64), torch.randn(1, 2, rows, 8, dtype=torch.float64)
+    per_head = torch.zeros(1, 6, rows, rows, dtype=torch.float64)
+    per_head[:, ::2, :, 0] = float("-inf") if rows > 1 else 0.0  # even heads never see key 0 (but row 0 its own)
+    per_head[:, ::2, 0, 0] = 0.0
+    out, _ = attention.hf_attention(module, q, k, v, per_head, scaling=None)
+    torch.testing.assert_close(out, reference(q, k, v, per_head).transpose(1, 2), rtol=1e-12, atol=1e-12)
+    if rows > 1:
+        out, _ = attention.hf_attention(module, q, k, v, None, scaling=None)
+        torch.testing.assert_close(out, reference(q, k, v, None, is_causal=True).transpose(1, 2), rtol=1e-12, atol=1e-12)
