@@ -31,7 +31,7 @@ _MARK = "\u2063MAGPIE\u2063"  # a placeholder no template rewrites, to find wher
 
 def user_turn_prefix(tokenizer, system: str | None = None) -> str:
     """The rendered chat up to where a user's message begins: the template's default system prompt, or
-    `system` (a system prompt steers the queries toward a domain: the Magpie paper's filtered variants)."""
+    `system`, which steers the queries toward a domain."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": _MARK}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     if _MARK not in text:
