@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,19 +24,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_core import environment, warn_if_busy  # noqa: E402
+from bench_core import environment, time_repeats, warn_if_busy  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 200, repeats: int = 5) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
+    """Median over `repeats` batches of `calls` calls (after one warm-up batch), per call."""
+    return time_repeats(lambda: [fn() for _ in range(calls)], repeats, warmup=1) / calls * 1e6
 
 
 def main() -> int:

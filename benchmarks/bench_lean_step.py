@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +32,7 @@ from anchorspec.models.attention import use_grouped_attention  # noqa: E402
 from anchorspec.models.hub import resolve_target  # noqa: E402
 from anchorspec.models.packed import pack_linears  # noqa: E402
 from anchorspec.models.target import Target  # noqa: E402
-from bench_core import environment, warn_if_busy  # noqa: E402
+from bench_core import environment, median, timed, warn_if_busy  # noqa: E402
 
 PROMPTS = ["Write a short story about a robot learning to paint.",
            "Explain how photosynthesis works to a ten-year-old.",
@@ -99,18 +97,17 @@ def main() -> int:
     for _ in range(args.rounds):
         for ids in prompts:
             for v in VARIANTS:
-                t0 = time.perf_counter()
-                n = len(run(v, ids))
-                tok_s[v].append(n / (time.perf_counter() - t0))
-    median = {v: statistics.median(x) for v, x in tok_s.items()}
+                out, seconds = timed(run, v, ids)
+                tok_s[v].append(len(out) / seconds)
+    medians = {v: median(x) for v, x in tok_s.items()}
     env = environment(args)
     print(f"{env['cpu']} ({env['cpu_capability']}), torch {env['torch']}, {args.threads} thread(s), {args.dtype}, "
           f"{args.new_tokens} new tokens, {len(prompts)} prompts x {args.rounds} rounds")
     print("| variant | tok/s (median) | over HF `generate` | outputs equal to HF's |\n|---|---|---|---|")
     for v in VARIANTS:
-        print(f"| {v} | {median[v]:.1f} | {median[v] / median['hf']:.2f}x | {same[v]}/{len(prompts)} |")
+        print(f"| {v} | {medians[v]:.1f} | {medians[v] / medians['hf']:.2f}x | {same[v]}/{len(prompts)} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "tok_s": tok_s, "median": median,
+        Path(args.json).write_text(json.dumps({"environment": env, "tok_s": tok_s, "median": medians,
                                                "same_as_hf": same}, indent=1))
     return 0
 

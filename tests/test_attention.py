@@ -126,6 +126,7 @@ def test_masks_per_head_and_causal_prefills_are_left_to_transformers(force_form,
     """A mask that differs per head, and a multi-row forward without a mask (a prefill: causal), take
     transformers' own SDPA function; both still give multi-head attention with repeated keys."""
     force_form(ROWS)
+    use_grouped_attention(tiny_target(stock=True).model)  # registers hf_attention, binding transformers' function
     torch.manual_seed(1)
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 3, True

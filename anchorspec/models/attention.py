@@ -34,6 +34,7 @@ IMPLEMENTATION = "anchorspec_sdpa"  # the name the target's config carries once 
 GQA, ROWS = "enable_gqa", "rows"
 PROBE_VERSION = 1  # bump when the probe changes, so old verdicts are not reused
 _one_row_form: dict[tuple, str] = {}
+_transformers_sdpa = None  # transformers' own SDPA function, bound when hf_attention is registered
 
 
 def _probe_one_row(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
@@ -94,26 +95,28 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     """transformers' attention-function signature (AttentionInterface): grouped_attention on a CPU for
     decode and verify forwards; transformers' own SDPA function for the rest (a prefill's causal form
     without a mask, dropout, position biases, another device)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if (query.device.type != "cpu" or dropout or kwargs.get("position_bias") is not None
             or kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None
             or (attention_mask is None and query.shape[2] > 1)
             or (attention_mask is not None and attention_mask.shape[1] != 1)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return _transformers_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
     out = grouped_attention(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
 def use_grouped_attention(model) -> bool:
     """Point an SDPA model's attention at hf_attention (registered with transformers once). Returns
-    whether it did: models on another attention implementation keep theirs."""
+    whether it did: models on another attention implementation keep theirs. transformers is imported
+    here, not at module level (the drafter imports this module), and not per attention call."""
+    global _transformers_sdpa
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
+    _transformers_sdpa = sdpa_attention_forward
     AttentionInterface.register(IMPLEMENTATION, hf_attention)
     AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)  # the same masks, and their skips, as "sdpa"
     model.set_attn_implementation(IMPLEMENTATION)

@@ -145,7 +145,7 @@ def _dtype_verdict_ok(record: dict) -> bool:
             and isinstance(record.get("pack_fp32"), bool))
 
 
-def _read_verdict(path: Path, key: dict, ok: Callable[[dict], bool] = _dtype_verdict_ok) -> dict | None:
+def _read_verdict(path: Path, key: dict, ok: Callable[[dict], bool]) -> dict | None:
     """The cached verdict at `path` if it is whole and for this key; None otherwise (then it is re-measured)."""
     try:
         record = json.loads(path.read_text())
