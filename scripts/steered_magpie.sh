@@ -4,7 +4,9 @@
 # as new corpus parts for the next training round. The target writes the queries under a system prompt
 # (`synth-prompts --system`) and answers them under its default one, as users ask. Resumable: re-run
 # after an interruption and every step continues where it stopped.
-# Budget knob: N (prompts per steer).
+# Budget knob: N (prompts per steer). STEERS picks the steers (default: all four; the two prose categories
+# below them on MT-bench, humanities and roleplay, were added in session 38). Raising N or adding a steer
+# continues the same files; parts already packed are not packed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared/data}
@@ -18,14 +20,21 @@ mkdir -p "$RUN"
 declare -A STEER=(
   [writing]="You are a writing assistant. People ask you to write stories, poems, essays, letters, emails, speeches, blog posts and social media posts, or to rewrite and edit their text."
   [stem]="You are a science and engineering tutor. People ask you about physics, chemistry, biology, medicine, astronomy, geology, computer science and technology."
+  [humanities]="You are a tutor in the humanities and social sciences. People ask you about history, philosophy, literature, art, music, economics, law, politics and religion."
+  [roleplay]="You are a role-play partner. People ask you to act as a character, a famous person or a professional (a doctor, a detective, a travel guide, a chef) and to stay in that role."
 )
-for name in writing stem; do
+STEERS=${STEERS:-writing stem humanities roleplay}
+for name in $STEERS; do
+  [ -n "${STEER[$name]:-}" ] || { echo "steered_magpie.sh: no steer named $name (have: ${!STEER[*]})" >&2; exit 2; }
+done
+for name in $STEERS; do
   anchorspec synth-prompts --target $T --n "$N" --out "$RUN/magpie-$name.jsonl" --system "${STEER[$name]}" \
     --eval-data "$SHARED" --seed 37 --threads "$THREADS"
 done
-for name in writing stem; do
+for name in $STEERS; do
   anchorspec regenerate --target $T --out "$RUN/answers-magpie-$name.jsonl" --data "$RUN/magpie-$name.jsonl" \
     --batch-size 32 --max-new-tokens 256 --max-prompt-tokens 512 --seed 0 --threads "$THREADS" --skip-packed "$CORPUS"
 done
-anchorspec pack-corpus "$RUN"/answers-magpie-*.jsonl --target $T --out "$CORPUS" --eval-data "$SHARED" \
+answers=(); for name in $STEERS; do answers+=("$RUN/answers-magpie-$name.jsonl"); done
+anchorspec pack-corpus "${answers[@]}" --target $T --out "$CORPUS" --eval-data "$SHARED" \
   --info temperature=0 --info max_new_tokens=256 --info "engine=anchorspec regenerate (continuous batching)"

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import peers  # noqa: E402
@@ -197,31 +198,58 @@ class _CompilingEngine:
         return type("C", (), {"token_ids": list(ids)[:1] * max_new_tokens, "stats": stats})()
 
 
-def test_fastest_rows_warm_up_every_timed_shape_then_compare_with_their_own_plain(monkeypatch):
-    """The fastest-path rows (auto dtype, compiled) run a short and a full-length generation of each kind
-    before any timed prompt, so no graph compiles while timed; their weights say the chosen dtype, and the
-    speculative row is checked against the fastest plain row, not the float32 one."""
+def test_auto_dtype_rows_warm_up_every_timed_shape_then_compare_with_their_own_plain(monkeypatch):
+    """The auto-dtype rows, eager (generate's defaults) and compiled, each run a short and a full-length
+    generation of each kind before any timed prompt, so no graph compiles while timed; their weights say the
+    chosen dtype and how it ran, and each speculative row is checked against its own plain row."""
     import anchorspec.models.compiled as compiled
 
-    fake = _CompilingEngine()
-    loaded = {}
-    monkeypatch.setattr(peers, "load", lambda target, drafter, **kw: loaded.update(kw) or fake)
-    monkeypatch.setattr(compiled, "graphs_compiled", lambda: fake.graphs)
+    made, loads = [], []
+
+    def fake_load(target, drafter, **kw):
+        loads.append((kw["dtype"], kw["compile"]))
+        made.append(_CompilingEngine())
+        return made[-1]
+
+    monkeypatch.setattr(peers, "load", fake_load)
+    monkeypatch.setattr(compiled, "graphs_compiled", lambda: sum(e.graphs for e in made))
     args = peers.parse_args(["--out", "x", "--max-new-tokens", "32", "--fast-drafter", "/d/my-eagle3.1"])
     encoded = [[1, 2], [3], [4, 5, 6]]
-    plain, spec = peers.run_fastest(args, encoded)
-    assert loaded["dtype"] == "auto" and loaded["compile"] is True
-    assert fake.calls[:4] == [((1, 2), 16, False), ((4, 5, 6), 32, False), ((1, 2), 16, True), ((4, 5, 6), 32, True)]
-    assert plain["graphs_compiled_while_timed"] == spec["graphs_compiled_while_timed"] == 0
-    assert plain["weights"] == spec["weights"] == "bfloat16, compiled" and "my-eagle3.1" in spec["name"]
-    assert plain["prompts"] == spec["prompts"] == 3 and spec["same_as_plain"] == 3
-    assert spec["tau"] == pytest.approx(3.0) and plain.get("tau") is None
-    # negative control: an engine whose graphs also depend on the prompt's length meets new shapes while
+    rows = peers.run_fastest(args, encoded)
+    assert loads == [("auto", False), ("auto", True)]
+    for engine in made:
+        assert engine.calls[:4] == [((1, 2), 16, False), ((4, 5, 6), 32, False), ((1, 2), 16, True), ((4, 5, 6), 32, True)]
+    assert [r["weights"] for r in rows] == ["bfloat16, eager"] * 2 + ["bfloat16, compiled"] * 2
+    for plain, spec in (rows[:2], rows[2:]):
+        assert plain["graphs_compiled_while_timed"] == spec["graphs_compiled_while_timed"] == 0
+        assert "my-eagle3.1" in spec["name"] and plain["prompts"] == spec["prompts"] == 3
+        assert spec["same_as_plain"] == 3 and spec["tau"] == pytest.approx(3.0) and plain.get("tau") is None
+    # negative control: engines whose graphs also depend on the prompt's length meet new shapes while
     # timed (prompt [3] is shorter than both warm-up prompts), and the rows say so
-    keyed = _CompilingEngine()
-    keyed.generate = lambda ids, max_new_tokens, speculative=True, g=keyed.generate: g(
-        ids, max_new_tokens * 1000 + len(ids), speculative) and g(ids, max_new_tokens, speculative)
-    monkeypatch.setattr(peers, "load", lambda target, drafter, **kw: keyed)
-    monkeypatch.setattr(compiled, "graphs_compiled", lambda: keyed.graphs)
-    plain, spec = peers.run_fastest(args, encoded)
-    assert plain["graphs_compiled_while_timed"] == spec["graphs_compiled_while_timed"] == 2
+    def keyed_load(target, drafter, **kw):
+        keyed = _CompilingEngine()
+        keyed.generate = lambda ids, max_new_tokens, speculative=True, g=keyed.generate: g(
+            ids, max_new_tokens * 1000 + len(ids), speculative) and g(ids, max_new_tokens, speculative)
+        made.append(keyed)
+        return keyed
+
+    made.clear()
+    monkeypatch.setattr(peers, "load", keyed_load)
+    rows = peers.run_fastest(args, encoded)
+    assert [r["graphs_compiled_while_timed"] for r in rows] == [2, 2, 2, 2]
+
+
+def test_the_hf_row_runs_the_stock_model_not_the_projects_packed_one(monkeypatch):
+    """HF `generate` is timed on the target as transformers loads it (stock_twin), never on the engine's
+    packed weights and grouped attention, which made HF look 1.5x faster than it is."""
+    ours = type("T", (), {"dtype": torch.float32})()
+    stock = type("T", (), {"dtype": torch.float32})()
+    engine = type("E", (), {"target": ours, "drafter": None, "encode": lambda self, text, chat: [1, 2]})()
+    twins, seen = [], []
+    monkeypatch.setattr(peers, "load", lambda *a, **kw: engine)
+    monkeypatch.setattr(peers, "stock_twin", lambda target, name, dtype: twins.append((target, name, dtype)) or stock)
+    monkeypatch.setattr(peers, "hf_generate", lambda eng, ids, n: seen.append(eng.target) or [7] * n)
+    args = peers.parse_args(["--out", "x", "--max-new-tokens", "4", "--target", "tgt"])
+    rows, _ = peers.run_torch(args, [{"text": "hi"}], skip={"anchorspec", "fast"})
+    assert twins == [(ours, "tgt", torch.float32)]
+    assert seen == [stock] and rows[0]["name"] == "hf generate" and rows[0]["new_tokens"] == 4
