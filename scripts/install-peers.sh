@@ -103,6 +103,9 @@ if [ "$FORCE" = 0 ] && have_llama; then
 else
   build_llama
 fi
+# llama.cpp's converter (the `llamacpp` test compares our GGUF export with its output) imports sentencepiece
+# for every Llama vocabulary; it is small, and only this optional set-up needs it
+python3 -c "import sentencepiece" 2>/dev/null || python3 -m pip install --quiet sentencepiece
 echo "llama.cpp: $LLAMA/bin ($(head -n1 "$LLAMA/VERSION")); converter: $LLAMA/src/convert_hf_to_gguf.py" >&2
 
 if [ "$WITH_VLLM" = 1 ]; then
