@@ -34,6 +34,8 @@ from anchorspec import load
 from anchorspec.api import Engine, attach_drafter
 from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids
 from anchorspec.models.drafter import KVCache, additive_mask, init_drafter
+from anchorspec.models.attention import uses_grouped_attention
+from anchorspec.models.packed import is_packed
 from anchorspec.models.target import stock_twin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -143,9 +145,11 @@ def ours_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
 
 
 def hf_generate(engine: Engine, ids: list[int], max_new: int) -> list[int]:
-    """HF greedy with the engine's stop tokens, so both methods stop at the same place. A baseline passes
-    an engine over `stock_twin` of its target: HF's loop over the project's packed weights and attention
-    is not what users of transformers run."""
+    """HF greedy with the engine's stop tokens, so both methods stop at the same place. The engine's target
+    must be the stock model (`stock_twin`): HF's loop over the project's packed weights and attention is not
+    what users of transformers run, and timing it flattered the baseline 1.5x (session 38)."""
+    if is_packed(engine.target.model) or uses_grouped_attention(engine.target.model):
+        raise ValueError("hf_generate times Hugging Face as users get it: pass an Engine over stock_twin(target, ...)")
     x = torch.tensor([ids])
     stop = list(engine.stop_token_ids())
     out = engine.target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,

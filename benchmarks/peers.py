@@ -31,14 +31,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, REPO_ROOT, environment, hf_generate, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import DEFAULT_DATA, REPO_ROOT, environment, hf_generate, load_prompts, timed, warn_if_busy  # noqa: E402
 
 from anchorspec import load  # noqa: E402
 from anchorspec.api import Engine  # noqa: E402
@@ -141,9 +140,8 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
         hf = new_row("hf generate", "transformers", "float32")
         stock = Engine(stock_twin(engine.target, args.target, torch.float32))  # not the project's packed weights
         for ids in tqdm(encoded, desc="hf generate", file=sys.stderr):
-            t0 = time.perf_counter()
-            out = hf_generate(stock, ids, args.max_new_tokens)
-            add_sample(hf, len(out), time.perf_counter() - t0, out)
+            out, seconds = timed(hf_generate, stock, ids, args.max_new_tokens)
+            add_sample(hf, len(out), seconds, out)
         rows.append(finish(hf, None))
     if "anchorspec" not in skip:
         plain = new_row("anchorspec plain", "anchorspec", "float32")
@@ -156,7 +154,7 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
             time_anchorspec(row, eng, encoded, args.max_new_tokens, kwargs)
         rows += [finish(plain, None), finish(spec, plain), finish(chain, plain)]
     if "fast" not in skip:
-        rows += run_fastest(args, encoded)
+        rows += run_auto_dtype(args, encoded)
     return rows, engine
 
 
@@ -168,7 +166,7 @@ def time_anchorspec(row: dict, engine, encoded: list, max_new_tokens: int, kwarg
         add_sample(row, c.stats.new_tokens, c.stats.total_s, c.token_ids, **acceptance)
 
 
-def run_fastest(args, encoded: list) -> list[dict]:
+def run_auto_dtype(args, encoded: list) -> list[dict]:
     """anchorspec with `--dtype auto`, plain and with --fast-drafter (defaults): eager (what `generate` runs by
     default: packed weights, grouped-query attention) and compiled (`--compile`).
 
@@ -176,12 +174,12 @@ def run_fastest(args, encoded: list) -> list[dict]:
     the timed prompts, which measure steady state; the graphs compiled while timed are recorded (0 expected)."""
     from anchorspec.models.compiled import graphs_compiled
 
+    name = Path(args.fast_drafter).name
     rows = []
     for compile in (False, True):
         engine = load(args.target, args.fast_drafter, dtype="auto", threads=args.threads, compile=compile)
         how = "compiled" if compile else "eager"
         weights = f"{str(engine.target.dtype).removeprefix('torch.')}, {how}"
-        name = Path(args.fast_drafter).name
         plain = new_row(f"anchorspec plain, auto dtype, {how}", "anchorspec", weights)
         spec = new_row(f"anchorspec + {name} (defaults), auto dtype, {how}", "anchorspec", weights)
         runs = ((plain, {"speculative": False}), (spec, {}))

@@ -215,7 +215,7 @@ def test_auto_dtype_rows_warm_up_every_timed_shape_then_compare_with_their_own_p
     monkeypatch.setattr(compiled, "graphs_compiled", lambda: sum(e.graphs for e in made))
     args = peers.parse_args(["--out", "x", "--max-new-tokens", "32", "--fast-drafter", "/d/my-eagle3.1"])
     encoded = [[1, 2], [3], [4, 5, 6]]
-    rows = peers.run_fastest(args, encoded)
+    rows = peers.run_auto_dtype(args, encoded)
     assert loads == [("auto", False), ("auto", True)]
     for engine in made:
         assert engine.calls[:4] == [((1, 2), 16, False), ((4, 5, 6), 32, False), ((1, 2), 16, True), ((4, 5, 6), 32, True)]
@@ -235,7 +235,7 @@ def test_auto_dtype_rows_warm_up_every_timed_shape_then_compare_with_their_own_p
 
     made.clear()
     monkeypatch.setattr(peers, "load", keyed_load)
-    rows = peers.run_fastest(args, encoded)
+    rows = peers.run_auto_dtype(args, encoded)
     assert [r["graphs_compiled_while_timed"] for r in rows] == [2, 2, 2, 2]
 
 
@@ -253,3 +253,20 @@ def test_the_hf_row_runs_the_stock_model_not_the_projects_packed_one(monkeypatch
     rows, _ = peers.run_torch(args, [{"text": "hi"}], skip={"anchorspec", "fast"})
     assert twins == [(ours, "tgt", torch.float32)]
     assert seen == [stock] and rows[0]["name"] == "hf generate" and rows[0]["new_tokens"] == 4
+
+
+def test_hf_generate_refuses_the_projects_model_and_times_the_stock_one():
+    """The Hugging Face baseline itself rejects a target with the project's attention or packed weights
+    (every benchmark goes through it), and runs the stock model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from helpers import tiny_target
+
+    from anchorspec.api import Engine
+    from bench_core import hf_generate
+
+    with pytest.raises(ValueError, match="stock_twin"):
+        hf_generate(Engine(tiny_target()), [1, 2, 3], 4)
+    stock = tiny_target(stock=True)
+    stock.model.generation_config.eos_token_id = 2  # a tiny random model has no stop token of its own
+    out = hf_generate(Engine(stock), [1, 2, 3], 4)
+    assert 1 <= len(out) <= 4
