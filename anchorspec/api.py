@@ -106,7 +106,7 @@ class Engine:
         if not self.monitor.calibrated:
             self.monitor.calibrate(self.target, self.proposer)
             self.remember()
-        self._shape, speedup = self.monitor.choose_shape()
+        self._shape, speedup = self.monitor.choose_shape(current=self._shape)
         self.shape_source = f"measured: expected {speedup:.2f}x plain on this machine's costs ({self.costs_source})"
         return self._shape
 

@@ -14,10 +14,11 @@ import torch
 import anchorspec.decode.engine as engine_module
 from anchorspec.api import Engine
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
-from anchorspec.decode.fallback import DriftMonitor, StreamMonitor
+from anchorspec.decode.fallback import (PRIOR_TREE_RATIO, TREE_CANDIDATES, TREE_PRIOR_WEIGHT, DriftMonitor,
+                                        StreamMonitor)
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
-from anchorspec.decode.tree import TreeShape
+from anchorspec.decode.tree import DraftTree, TreeShape
 from helpers import OracleProposer, tiny_target
 from test_lossless import prompts, random_drafter
 from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
@@ -239,8 +240,87 @@ def test_acceptance_is_learned_from_verified_chains():
         StreamMonitor.observe_step(m, "speculative", 3, 2, 2, step_s=1.0, draft_s=0.1)  # always accepted
     assert m.acceptance(1) > 0.95 and m.acceptance(3) == m.acceptance(2) > 0.95
     m.shape = TreeShape(3, 2, 6)
-    StreamMonitor.observe_step(m, "speculative", 6, 2, 0, step_s=1.0, draft_s=0.1)  # a tree: not a chain's rate
-    assert m.reached == [200, 200]
+    StreamMonitor.observe_step(m, "speculative", 6, 2, 0, step_s=1.0, draft_s=0.1)  # a tree that does not say
+    assert m.reached == [200, 200]  # what its top-1 chain had accepted teaches no chain's rate
+
+
+def test_tree_steps_teach_their_ratio_their_top1_chain_and_their_own_draft_cost():
+    m = FrozenCosts(draft_per_level=0.02)
+    m.shape = TreeShape(4, 4, 16)
+    assert m.tree_ratio(m.shape) == pytest.approx(PRIOR_TREE_RATIO)  # nothing measured yet
+    draft_curve = dict(m.draft.points)
+    for _ in range(100):  # 3 accepted a step, 2 of them on the top-1 chain, whose 3rd token was rejected
+        StreamMonitor.observe_step(m, "speculative", 16, 4, 3, step_s=1.0, draft_s=0.3, top_ranked=2, top_depth=4)
+    assert m.trees["4,4,16"] == [100, 300, 200]
+    assert m.tree_ratio(m.shape) == pytest.approx((PRIOR_TREE_RATIO * TREE_PRIOR_WEIGHT + 300) / (TREE_PRIOR_WEIGHT + 200))
+    assert m.reached == [100, 100, 100, 0] and m.accepted == [100, 100, 0, 0]  # the top-1 chain's step
+    assert m.tree_draft["4,4,16"] == pytest.approx(0.3) and m.draft.points == draft_curve  # not a chain's cost
+    chain4 = m.expected_tau(4)
+    assert m.expected_shape_tau(m.shape) == pytest.approx(1 + (chain4 - 1) * m.tree_ratio(m.shape))
+    assert m.expected_shape_tau(TreeShape.chain(4)) == chain4
+
+
+def test_choose_shape_takes_the_tree_where_a_wide_verify_is_cheap_and_a_chain_where_it_is_not():
+    flat = FrozenCosts(plain=1.0, verify_per_token=0.005, draft_per_level=0.05)  # an AMX CPU: 16 tokens ~ 1
+    steep = FrozenCosts(plain=1.0, verify_per_token=0.1, draft_per_level=0.05)  # 16 tokens cost 2.5 plain steps
+    never = FrozenCosts(plain=1.0, verify_per_token=0.005, draft_per_level=0.05)
+    for m, rate in ((flat, 0.7), (steep, 0.7), (never, 0.0)):
+        m.reached, m.accepted = [1000] * 8, [int(1000 * rate)] * 8
+    unknown, _ = flat.choose_shape()
+    assert unknown.is_chain  # a tree whose drafting was never timed is not priced
+    for m in (flat, steep, never):
+        m.tree_draft["4,4,16"] = 0.25
+    assert flat.choose_shape()[0] == TreeShape(4, 4, 16)
+    assert steep.choose_shape()[0].is_chain and steep.speedup(TreeShape(4, 4, 16)) < steep.choose_shape()[1]
+    assert never.speedup(TreeShape(4, 4, 16)) < 1  # a drafter never accepted: the tree does not pay either
+    flat.shape = TreeShape(4, 4, 16)
+    assert flat.threshold == pytest.approx((0.25 + 1.075) / 1.0)  # the tree's own drafting cost
+    assert not never.start(TreeShape(4, 4, 16)).speculating
+
+
+def test_the_drafted_shape_stays_unless_another_is_clearly_faster():
+    m = FrozenCosts()
+    tree, close, far = TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape.chain(2)
+    m.speedup = {tree: 1.50, close: 1.45, far: 1.40}.get  # every other chain: None (unpriced)
+    assert m.choose_shape()[0] == tree
+    assert m.choose_shape(current=close) == (close, 1.45)  # within SHAPE_MARGIN of the best: kept
+    assert m.choose_shape(current=far)[0] == tree
+
+
+def test_chains_are_priced_one_level_past_the_deepest_measured():
+    m = FrozenCosts(plain=1.0, verify_per_token=0.0, draft_per_level=0.01)  # deep chains nearly free
+    assert m.choose_shape(trees=())[0].depth == 4  # nothing measured: up to MIN_PRICED_CHAIN
+    m.reached, m.accepted = [100] * 5 + [1], [90] * 5 + [1]  # depth 6 reached once: not measured
+    assert m.measured_depth() == 5 and m.choose_shape(trees=())[0].depth == 6
+    m.reached, m.accepted = [100] * 8, [90] * 8
+    assert m.choose_shape(trees=())[0].depth == 8
+
+
+def test_a_tree_the_costs_choose_decodes_losslessly():
+    """generate's default path drafting the 4,4,16 tree its costs chose (float64, greedy): token for token
+    what plain decoding gives, with the fallback on and steps actually speculative."""
+    target = tiny_target("llama")
+    engine = Engine(target, random_drafter(target))
+    engine.monitor = FrozenCosts(plain=1.0, verify_per_token=0.001, draft_per_level=0.05)
+    engine.monitor.reached, engine.monitor.accepted = [1000] * 8, [800] * 8
+    engine.monitor.tree_draft["4,4,16"] = 0.1
+    for prompt in prompts(3):
+        ref = engine.generate(prompt.tolist(), max_new_tokens=24, speculative=False).token_ids
+        assert engine.generate(prompt.tolist(), max_new_tokens=24).token_ids == ref
+    assert engine.shape == TreeShape(4, 4, 16) and engine.shape_source.startswith("measured")
+    assert "speculative" in engine.monitor.kinds
+
+
+def test_top_ranked_run_counts_the_accepted_top1_chain():
+    # root 0; level 1: 1 (best), 2; level 2: 3 (best child of 1), 4 (child of 2); level 3: 5 (child of 3)
+    tree = DraftTree(torch.arange(6), [-1, 0, 0, 1, 2, 3])
+    assert tree.top_ranked_depth == 3
+    assert tree.top_ranked_run([0, 1, 3, 5]) == 3
+    assert tree.top_ranked_run([0, 1, 3]) == 2
+    assert tree.top_ranked_run([0, 2, 4]) == 0  # accepted off the top-1 chain
+    assert tree.top_ranked_run([0]) == 0
+    chain = DraftTree.chain(torch.arange(4))
+    assert chain.top_ranked_depth == 3 and chain.top_ranked_run([0, 1, 2]) == 2
 
 
 def test_calibration_measures_costs_and_leaves_the_proposer_clean():
@@ -263,7 +343,8 @@ def test_engine_measures_its_shape_and_falls_back_by_default():
     engine = Engine(target, drafter)
     assert engine.monitor.enabled and not engine.monitor.calibrated
     shape = engine.shape
-    assert engine.monitor.calibrated and shape.is_chain and engine.shape_source.startswith("measured")
+    assert engine.monitor.calibrated and engine.shape_source.startswith("measured")
+    assert shape.is_chain or shape in TREE_CANDIDATES
     ref = engine.generate(prompts()[0].tolist(), max_new_tokens=24, speculative=False).token_ids
     assert engine.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
     given = Engine(target, drafter, TreeShape(2, 2, 4), fallback=False)
@@ -299,6 +380,7 @@ def test_step_reports_carry_the_draft_depth():
     dec.step()
     report = dec.step()
     assert report.kind == "speculative" and report.depth == 3 and report.accepted == 3
+    assert report.top_ranked == 3 and report.top_depth == 3  # the oracle's argmax leads every level
     assert dec.step(speculate=False).depth == 0
 
 
@@ -321,14 +403,18 @@ def test_monitor_state_round_trips_and_bad_states_are_refused():
     m.shape = TreeShape.chain(3)
     for accepted in (3, 1, 0, 2, 3):
         StreamMonitor.observe_step(m, "speculative", 4, 3, accepted, step_s=1.5, draft_s=0.2)
+    m.shape = TreeShape(4, 4, 16)
+    StreamMonitor.observe_step(m, "speculative", 16, 4, 3, step_s=1.5, draft_s=0.3, top_ranked=1, top_depth=4)
     fresh = StreamMonitor()
     assert not fresh.calibrated
     assert fresh.restore(m.state())
     assert fresh.calibrated and fresh.state() == m.state()
     assert fresh.choose_shape() == m.choose_shape() and fresh.expected_tau(4) == m.expected_tau(4)
+    assert fresh.trees == {"4,4,16": [1, 3, 1]} and fresh.tree_ratio(m.shape) == m.tree_ratio(m.shape)
     good = m.state()
     for bad in ({**good, "version": 0}, {**good, "accepted": [9, 0, 0]}, {**good, "verify": [[1, -1.0]]},
-                {**good, "reached": "x"}, {"version": good["version"]}, []):
+                {**good, "reached": "x"}, {"version": good["version"]}, [], {**good, "trees": {"x": [1, 1, 1]}},
+                {**good, "trees": {"4,4,16": [1, 2]}}, {**good, "tree_draft": {"4,4,16": -1.0}}):
         other = StreamMonitor()
         assert not other.restore(bad) and not other.calibrated and other.reached == []
     partial = StreamMonitor()  # a plain step alone is no calibration

@@ -133,6 +133,8 @@ class StepReport:
     draft_s: float = 0.0
     verify_s: float = 0.0  # the target forward of this step
     held: bool = False  # the verified tree was held back from the previous step's draft (staged)
+    top_ranked: int = 0  # accepted nodes that were each the drafter's top-ranked child (DraftTree.top_ranked_run)
+    top_depth: int = 0  # levels of the draft's top-1 chain (DraftTree.top_ranked_depth; a chain's depth)
 
 
 SLOT_SLACK = 64  # rows a solo slot holds beyond prompt + budget (a verified tree's extra rows)
@@ -343,7 +345,8 @@ class SpeculativeDecoding:
             # a step that compiled a graph (a compiled target's or drafter's new shape) took tens of seconds
             if not report.held and graphs_compiled() == graphs:
                 fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
-                                      report.draft_s, catch_up=previous.kind != "speculative")
+                                      report.draft_s, catch_up=previous.kind != "speculative",
+                                      top_ranked=report.top_ranked, top_depth=report.top_depth)
             fallback.record(state, report.kind, report.accepted, len(report.tokens))
             previous = report
         self.stats.fallback_switches = state.switches
@@ -366,11 +369,12 @@ class SpeculativeDecoding:
             stats.draft_s += draft_s
             stats.verify_s += verify_s
         whole, self._whole = self._whole, None
+        judged = tree  # the tree whose nodes the verdict's path numbers
         if whole is None:
             verdict = _verify(tree, logits, self.cfg.sampling, self.gen)
         else:  # staged: the level below the forwarded rows is verified too
-            verified, kept = whole.levels(self.staged + 1)
-            verdict = _verify(verified, logits, self.cfg.sampling, self.gen)
+            judged, kept = whole.levels(self.staged + 1)
+            verdict = _verify(judged, logits, self.cfg.sampling, self.gen)
             if verdict.held is not None and whole.children[kept[verdict.held]]:
                 self._held = whole.subtree(kept[verdict.held])
         self._commit(verdict.path, tree.size)
@@ -387,7 +391,8 @@ class SpeculativeDecoding:
             self._unread_aux.append(aux[verdict.path])
         if tree.size > 1:
             return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
-                              verify_s, held)
+                              verify_s, held, judged.top_ranked_run(verdict.path),
+                              judged.top_ranked_depth)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _solo_slot(self) -> KVSlot:

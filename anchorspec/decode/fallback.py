@@ -50,11 +50,13 @@ reproducible only while no switch happens: a switch changes how the random strea
 One stream (`generate`, the Python API, `bench`: StreamMonitor) is the same policy at B = 1, priced
 per step instead of per round: verify(N) is the wall time of a whole step that verifies N tokens
 (N = 1: a plain step; verification, commit and bookkeeping included, since a plain step pays them
-too), draft(d) the drafting of a depth-d draft. They are seeded by a few timed forwards
-(`calibrate`) and learned from every step. The same curves choose the starting draft shape when
-none was tuned or given (`StreamMonitor.choose_shape`): the chain depth whose expected tokens per
-second (acceptance per depth, learned from this process's verified steps, a prior before that)
-beats plain decoding by the most; if none does, the stream starts plain and retries like any other.
+too), draft(d) the drafting of a depth-d draft (of each candidate tree, its own). They are seeded
+by a few timed forwards (`calibrate`) and learned from every step. The same curves choose the
+starting draft shape when none was tuned or given (`StreamMonitor.choose_shape`): the chain depth,
+or the candidate tree (TREE_CANDIDATES), whose expected tokens per second beats plain decoding by
+the most; if none does, the stream starts plain and retries like any other. A chain's tau comes
+from the acceptance per depth learned from this process's verified steps (a prior before that); a
+tree's from its top-1 chain's, scaled by what the tree's own steps accepted beyond that chain.
 What a stream learned (`StreamMonitor.state`) outlives its process: `anchorspec.load` keeps it per
 target, drafter, dtype and machine (decode/shape.py: costs_path), so the next run starts from real
 steps' costs and the drafter's measured acceptance instead of a short, noisy calibration.
@@ -70,6 +72,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import AnchorspecError
 from .sampling import SamplingParams
 from .shape import verify_cost
 from .tree import TreeShape
@@ -369,8 +372,26 @@ class DriftMonitor:
 PRIOR_ACCEPTANCE = 0.5  # per-depth acceptance assumed before any draft was verified (a weak drafter's)
 PRIOR_WEIGHT = 4  # ... worth this many verified drafts at each depth
 MAX_CHAIN = 8  # deepest chain choose_shape considers
-CALIBRATED_SIZES = (*range(2, MAX_CHAIN + 2), 16)  # verify sizes timed at start-up
-STATE_VERSION = 1  # bump when StreamMonitor.state() changes meaning
+# Trees choose_shape prices beside the chains. Where a verify of 16 tokens costs little more than one
+# of 1 (an AMX CPU: 1.16x), EAGLE's 4,4,16 tree drafts at about a chain's cost and accepts more
+# (session 39, 16 MT-bench prompts: 1.71x the plain loop against 1.34x when only chains were priced;
+# benchmarks/bench_default_shape.py, docs/results.md).
+TREE_CANDIDATES = (TreeShape(4, 4, 16),)
+# A tree's tau is priced as 1 + (its top-1 chain's expected tau - 1) * ratio, the ratio learned from
+# its own steps: accepted tokens over those its top-1 chain had accepted in the same steps (each step
+# says both: DraftTree.top_ranked_run). Before any, the prior: the EAGLE-3.1 release's 4,4,16 tree
+# on 16 MT-bench first turns (1.55 over 1,328 steps, session 39), worth TREE_PRIOR_WEIGHT chain tokens.
+# A drafter whose top-1 chain is never accepted (tau 1) prices every tree at tau 1 too.
+PRIOR_TREE_RATIO = 1.55
+TREE_PRIOR_WEIGHT = 32
+MIN_PRICED_CHAIN = 4  # choose_shape prices chains this deep before any is measured (the calibrated depth)
+SHAPE_MARGIN = 0.05  # choose_shape keeps the current shape unless another is expected this much faster
+CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
+STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
+
+
+def shape_key(shape: TreeShape) -> str:
+    return f"{shape.top_k},{shape.depth},{shape.total_tokens}"
 
 
 class StreamMonitor(DriftMonitor):
@@ -383,31 +404,48 @@ class StreamMonitor(DriftMonitor):
         super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing,
                          global_min_steps, max_retry_after)
         self.verify, self.draft = CostCurve(smoothing), CostCurve(smoothing)  # seconds per step of N tokens / depth d
+        self.smoothing = smoothing
         self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
         self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted
         self.accepted: list[int] = []  # ... and whose depth-d token was accepted
+        self.trees: dict[str, list[int]] = {}  # tree shape -> [steps, accepted, accepted by its top-1 chain]
+        self.tree_draft: dict[str, float] = {}  # tree shape -> seconds to draft it (moving average)
         self.calibrated = False
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
-                     catch_up: bool = False) -> None:
+                     catch_up: bool = False, top_ranked: int | None = None, top_depth: int | None = None) -> None:
         """One step of the stream: `tokens` verified in a step of `step_s` seconds (drafting
         included), `draft_s` of them drafting a depth-`depth` draft. `catch_up`: the drafter first
-        read the features of a plain stretch, so its time says nothing about a draft's cost."""
-        if kind == "speculative":
-            self.verify.add(tokens, step_s - draft_s)
-            if not catch_up:
-                self.draft.add(depth, draft_s)
-            if self.shape is not None and not self.shape.is_chain:
-                return  # a tree's acceptance per level is not a chain's: choose_shape prices chains
-            while len(self.reached) < depth:
-                self.reached.append(0)
-                self.accepted.append(0)
-            for d in range(1, depth + 1):
-                self.reached[d - 1] += accepted >= d - 1
-                self.accepted[d - 1] += accepted >= d
-        elif kind == "plain":
+        read the features of a plain stretch, so its time says nothing about a draft's cost.
+        `top_ranked`, `top_depth`: of a tree's accepted nodes, how many lay on its top-1 chain, and
+        that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it)."""
+        if kind == "plain":
             self.verify.add(1, step_s)
+        if kind != "speculative":
+            return
+        self.verify.add(tokens, step_s - draft_s)
+        tree = self.shape is not None and not self.shape.is_chain
+        if tree:
+            key = shape_key(self.shape)
+            if not catch_up and depth == self.shape.depth:
+                old = self.tree_draft.get(key)
+                self.tree_draft[key] = draft_s if old is None else old + self.smoothing * (draft_s - old)
+            if top_ranked is None:
+                return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
+            counts = self.trees.setdefault(key, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += accepted
+            counts[2] += top_ranked
+            accepted, depth = top_ranked, top_depth if top_depth is not None else depth  # its top-1 chain's step
+        elif not catch_up:
+            self.draft.add(depth, draft_s)
+        while len(self.reached) < depth:
+            self.reached.append(0)
+            self.accepted.append(0)
+        for d in range(1, depth + 1):
+            self.reached[d - 1] += accepted >= d - 1
+            self.accepted[d - 1] += accepted >= d
 
     def acceptance(self, depth: int) -> float:
         """P(the depth-d token is accepted | depth d - 1 was): measured, shrunk toward the prior; a
@@ -418,6 +456,10 @@ class StreamMonitor(DriftMonitor):
                 rate = (PRIOR_ACCEPTANCE * PRIOR_WEIGHT + self.accepted[d - 1]) / (PRIOR_WEIGHT + self.reached[d - 1])
         return rate
 
+    def measured_depth(self) -> int:
+        """The deepest draft level whose acceptance rests on at least PRIOR_WEIGHT verified drafts."""
+        return max((d for d, n in enumerate(self.reached, start=1) if n >= PRIOR_WEIGHT), default=0)
+
     def expected_tau(self, depth: int) -> float:
         """1 + sum over d of P(the first d drafted tokens are all accepted), for a chain of `depth`."""
         tau, reach = 1.0, 1.0
@@ -426,24 +468,51 @@ class StreamMonitor(DriftMonitor):
             tau += reach
         return tau
 
+    def tree_ratio(self, shape) -> float:
+        """A tree's accepted tokens per token its top-1 chain had accepted in the same steps: measured,
+        shrunk toward the prior (TREE_CANDIDATES' comment)."""
+        steps, accepted, top = self.trees.get(shape_key(shape), (0, 0, 0))
+        return (PRIOR_TREE_RATIO * TREE_PRIOR_WEIGHT + accepted) / (TREE_PRIOR_WEIGHT + top)
+
+    def expected_shape_tau(self, shape) -> float:
+        """Expected tokens per step of drafting with `shape`: a chain's from its per-depth acceptance,
+        a tree's as its top-1 chain's scaled by `tree_ratio`."""
+        chain = self.expected_tau(shape.depth)
+        return chain if shape.is_chain else 1 + (chain - 1) * self.tree_ratio(shape)
+
+    def draft_cost(self, shape) -> float | None:
+        return self.draft(shape.depth) if shape.is_chain else self.tree_draft.get(shape_key(shape))
+
     def relative_step_cost(self, shape) -> float | None:
         """A speculative step with `shape` (drafting, then a verify priced at no less than a plain step)
         over a plain step: the break-even tau; None while a cost is unknown."""
-        plain, verify, draft = self.verify(1), self.verify(shape.total_tokens), self.draft(shape.depth)
+        plain, verify, draft = self.verify(1), self.verify(shape.total_tokens), self.draft_cost(shape)
         if not plain or verify is None or draft is None:
             return None
         return (draft + at_least(verify, plain)) / plain
 
     def speedup(self, shape) -> float | None:
-        """Expected tokens/s of speculating with chain `shape` over plain decoding (None: costs unknown)."""
+        """Expected tokens/s of speculating with `shape` over plain decoding (None: costs unknown)."""
         cost = self.relative_step_cost(shape)
-        return None if cost is None else self.expected_tau(shape.depth) / cost
+        return None if cost is None else self.expected_shape_tau(shape) / cost
 
-    def choose_shape(self, max_depth: int = MAX_CHAIN):
-        """The chain with the best expected speedup, and that speedup (below 1: speculation is not
-        expected to pay). Chains only: a tree's acceptance per level depends on its drafter's top-k
-        accuracy, which only `anchorspec tune` measures."""
-        best = max((TreeShape.chain(d) for d in range(1, max_depth + 1)), key=lambda s: self.speedup(s) or 0.0)
+    def choose_shape(self, max_depth: int = MAX_CHAIN, trees=TREE_CANDIDATES, current: TreeShape | None = None):
+        """The shape with the best expected speedup, and that speedup (below 1: speculation is not
+        expected to pay): every chain up to `max_depth`, and `trees` whose drafting cost is known.
+        Chains reach one level past the deepest depth measured (`measured_depth`), at least
+        MIN_PRICED_CHAIN: deeper ones would be priced on the deepest rate alone, extrapolated, and a
+        stream that had drafted depth 4 at most chose a chain of 7 that ran at 0.72x of the tree it
+        left (session 39). Each level chosen measures the next.
+        `current` (the shape drafted so far) stays unless another is expected SHAPE_MARGIN faster:
+        the candidates' estimates sit within a few per cent of each other and move with every
+        prompt, and without the margin a stream hopped between deep chains and the tree, its
+        deep-chain estimates the least certain (session 39)."""
+        deepest = max(self.measured_depth() + 1, MIN_PRICED_CHAIN)
+        shapes = [TreeShape.chain(d) for d in range(1, min(max_depth, deepest) + 1)] + list(trees)
+        best = max(shapes, key=lambda s: self.speedup(s) or 0.0)
+        kept = self.speedup(current) if current is not None else None
+        if kept is not None and kept * (1 + SHAPE_MARGIN) >= (self.speedup(best) or 0.0):
+            best = current
         return best, self.speedup(best)
 
     # --- memory across processes ----------------------------------------------------------------
@@ -451,7 +520,8 @@ class StreamMonitor(DriftMonitor):
         """What this stream has learned (costs and per-depth acceptance), as JSON-able data."""
         return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
                 "draft": sorted(self.draft.points.values()), "reached": list(self.reached),
-                "accepted": list(self.accepted)}
+                "accepted": list(self.accepted), "trees": {k: list(v) for k, v in self.trees.items()},
+                "tree_draft": dict(self.tree_draft)}
 
     def restore(self, state: dict) -> bool:
         """Take up what an earlier process learned (`state()`): its costs stand in for the
@@ -463,15 +533,18 @@ class StreamMonitor(DriftMonitor):
             verify = [(float(x), float(y)) for x, y in state["verify"]]
             draft = [(float(x), float(y)) for x, y in state["draft"]]
             reached, accepted = [int(n) for n in state["reached"]], [int(n) for n in state["accepted"]]
-        except (AttributeError, KeyError, TypeError, ValueError):
+            trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in state["trees"].items()}
+            tree_draft = {shape_key(TreeShape.parse(k)): float(v) for k, v in state["tree_draft"].items()}
+        except (AttributeError, KeyError, TypeError, ValueError, AnchorspecError):
             return False
         if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
-                or any(x < 1 or y <= 0 for x, y in verify + draft)):
+                or any(x < 1 or y <= 0 for x, y in verify + draft)
+                or any(len(v) != 3 or min(v) < 0 for v in trees.values()) or any(y <= 0 for y in tree_draft.values())):
             return False
         for curve, points in ((self.verify, verify), (self.draft, draft)):
             for x, y in points:
                 curve.points[cost_bucket(x)] = [x, y]
-        self.reached, self.accepted = reached, accepted
+        self.reached, self.accepted, self.trees, self.tree_draft = reached, accepted, trees, tree_draft
         self.calibrated = self.calibrated or (
             cost_bucket(1) in self.verify.points and len(self.verify.points) > 1 and bool(self.draft.points))
         return True
@@ -487,7 +560,7 @@ class StreamMonitor(DriftMonitor):
         the recent steps of earlier generations say speculation does not pay)."""
         self.shape = shape
         state = self.new_request()
-        expected = self.speedup(shape) if shape.is_chain and not self.recent else None
+        expected = self.speedup(shape) if not self.recent else None
         if state.speculating and self.enabled and expected is not None and expected < 1:
             self._switch_off(state)  # no step measured yet, and the costs say even a good draft would not pay
         return state
@@ -495,29 +568,34 @@ class StreamMonitor(DriftMonitor):
     # --- calibration ----------------------------------------------------------------------------
     @torch.inference_mode()
     def calibrate(self, target, proposer, context: int = 128, sizes=CALIBRATED_SIZES, depths=(1, 4),
-                  repeats: int = 3) -> None:
+                  repeats: int = 3, trees=TREE_CANDIDATES) -> None:
         """Seed the curves with a few timed forwards on a dummy context: the target over 1 and
-        `sizes` tokens (every chain choose_shape prices, and a 16-node tree), and the drafter
-        drafting chains of `depths` (each the median of `repeats`, after one warm-up). Costs learned
+        `sizes` tokens (every chain and tree choose_shape prices), and the drafter drafting chains of
+        `depths` and the `trees` (each the median of `repeats`, after one warm-up). Costs learned
         from real steps replace these as they come."""
         verify, plain = verify_cost(target, context, list(sizes), repeats=repeats)
         self.verify.add(1, plain)
         for n, seconds in verify.items():
             self.verify.add(n, seconds)
-        updates = (repeats + 1) * len(depths)  # one new position per timed draft, as in decoding
+        shapes = [TreeShape.chain(d) for d in depths] + list(trees)
+        updates = (repeats + 1) * len(shapes)  # one new position per timed draft, as in decoding
         ids = torch.arange(context + updates + 1) % target.vocab_size
         aux = target.forward(ids[:-1], torch.arange(ids.numel() - 1), target.new_cache(), capture_aux=True).aux
         proposer.reset()
         proposer.update(ids[:context], aux[:context - 1])
         fed = context - 1  # positions whose features the proposer has read
-        for depth in depths:
+        for shape in shapes:
             samples = []
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
                 proposer.update(ids[:fed + 2], aux[fed:fed + 1])
-                proposer.propose(TreeShape.chain(depth), SamplingParams(), None)
+                proposer.propose(shape, SamplingParams(), None)
                 samples.append(time.perf_counter() - t0)
                 fed += 1
-            self.draft.add(depth, statistics.median(samples[1:]))  # the first is a warm-up
+            seconds = statistics.median(samples[1:])  # the first is a warm-up
+            if shape.is_chain:
+                self.draft.add(shape.depth, seconds)
+            else:
+                self.tree_draft[shape_key(shape)] = seconds
         proposer.reset()
         self.calibrated = True

@@ -106,6 +106,27 @@ class DraftTree:
         """Each node's parent is the node before it: attention within the tree is plain causal."""
         return self.depths[-1] == self.size - 1
 
+    def top_ranked_run(self, path: list[int]) -> int:
+        """How many nodes of an accepted `path` (root first), from its start, are each their parent's
+        first child: the drafter's top-ranked token there (children are made best first, and a kept
+        child's better siblings are kept too). For a tree this is what the chain of its top-1 tokens
+        would have had accepted; for a chain it is the accepted length."""
+        run = 0
+        for node in path[1:]:
+            if self.children[self.parents[node]][0] != node:
+                break
+            run += 1
+        return run
+
+    @property
+    def top_ranked_depth(self) -> int:
+        """How deep the path of first children from the root goes: the chain of the drafter's top-1
+        tokens that this tree contains."""
+        node, depth = 0, 0
+        while self.children[node]:
+            node, depth = self.children[node][0], depth + 1
+        return depth
+
     def ancestors(self) -> torch.Tensor:
         """[N, N] bool: anc[i, j] = j is i or an ancestor of i."""
         n = self.size

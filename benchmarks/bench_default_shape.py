@@ -1,0 +1,116 @@
+"""`generate`'s default shape choice, measured: the shape the costs choose now (chains and EAGLE's
+4,4,16 tree) against the chains-only choice of sessions 22-38, the same choice without the fallback,
+fixed shapes, HF `generate` and the project's plain loop, on the same prompts, methods rotated per
+prompt in one process. Each engine keeps its own monitor (its costs and acceptance accumulate over the
+prompts, as in one process); none reads or writes the costs earlier runs kept (`remember=False`), so
+every run starts as a fresh machine does.
+
+    python benchmarks/bench_default_shape.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
+        --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] --out FILE.json
+
+Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
+tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
+and fallback switches. CPU model, flags, torch version, threads and dtype go with the figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from anchorspec.api import Engine, load  # noqa: E402
+from anchorspec.decode.fallback import shape_key  # noqa: E402
+from anchorspec.decode.tree import TreeShape  # noqa: E402
+from anchorspec.models.target import stock_twin  # noqa: E402
+from bench_core import (drafter_parser, hf_generate, load_prompts, median, timed, warn_if_busy,  # noqa: E402
+                        write_results)
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench" / "question.jsonl"
+
+
+def main(argv=None) -> int:
+    p = drafter_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=str(DATA))
+    p.add_argument("--limit", type=int, default=16)
+    p.add_argument("--every", type=int, default=5, help="every N-th prompt (MT-bench: 5 takes 2 of each category)")
+    p.add_argument("--shape", action="append", default=[], metavar="TOP_K,DEPTH,TOTAL",
+                   help="also a fixed shape (fallback on), repeatable")
+    p.add_argument("--random-drafter", help="also the default path with this (untrained) drafter")
+    p.add_argument("--no-hf", action="store_true", help="skip HF generate (the slowest method)")
+    args = p.parse_args(argv)
+    warn_if_busy(args.threads)
+    prompts = load_prompts(args.data, args.limit, args.every)
+
+    def engine(drafter=None, **kw):
+        return load(args.target, drafter, args.dtype, threads=args.threads, remember=False, **kw)
+
+    plain = engine()
+    default = engine(args.drafter)
+    chains_only = engine(args.drafter)  # its shape is chosen among chains only, as before session 39
+    methods = {"plain": (plain, {"speculative": False}), "default": (default, {}),
+               "no-fallback": (engine(args.drafter, fallback=False), {}), "chains-only": (chains_only, None)}
+    for text in args.shape:
+        methods[text] = (default, {"shape": TreeShape.parse(text)})
+    if args.random_drafter:
+        methods["random"] = (engine(args.random_drafter), {})
+    stock = None if args.no_hf else Engine(stock_twin(plain.target, args.target, plain.target.dtype))
+    if stock is not None:
+        methods = {"hf": (stock, None), **methods}
+    print(f"dtype {default.target.dtype}, threads {args.threads}; default shape {default.shape} ({default.shape_source})",
+          flush=True)
+    rows: dict[str, list[dict]] = {name: [] for name in methods}
+    names = list(methods)
+    for i, prompt in enumerate(prompts):
+        ids = default.encode(prompt["text"], chat=True)
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            eng, kwargs = methods[name]
+            if name == "hf":
+                out, seconds = timed(hf_generate, eng, ids, args.max_new_tokens)
+                rows[name].append({"id": prompt["id"], "tok_s": len(out) / seconds})
+                continue
+            if name == "chains-only":
+                if not eng.monitor.calibrated:
+                    eng.monitor.calibrate(eng.target, eng.proposer)
+                kwargs = {"shape": eng.monitor.choose_shape(trees=(), current=eng._shape)[0]}
+                eng._shape = kwargs["shape"]
+            shape = kwargs.get("shape") or (eng.shape if eng.monitor is not None and kwargs.get("speculative", True)
+                                            else None)
+            res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **kwargs)
+            stats = res.stats
+            rows[name].append({"id": prompt["id"], "tok_s": len(res.token_ids) / seconds,
+                               "shape": shape_key(shape) if shape is not None else None,
+                               "tau": stats.tau if stats.verify_steps else None,
+                               "switches": stats.fallback_switches, "tokens": res.token_ids})
+        print(i, {n: (round(r[-1]["tok_s"], 1), r[-1].get("shape")) for n, r in rows.items()}, flush=True)
+    summary = {}
+    for name, rs in rows.items():
+        entry = {"median_tok_s": median([r["tok_s"] for r in rs])}
+        for base in ("plain", "hf"):
+            if base in rows:
+                ratios = [r["tok_s"] / b["tok_s"] for r, b in zip(rs, rows[base])]
+                entry[f"vs_{base}"] = {"median": median(ratios), "mean": statistics.mean(ratios), "min": min(ratios)}
+        taus = [r["tau"] for r in rs if r.get("tau")]
+        entry["tau"] = statistics.mean(taus) if taus else None
+        entry["switches"] = sum(r.get("switches") or 0 for r in rs)
+        entry["shapes"] = sorted({r["shape"] for r in rs if r.get("shape")})
+        summary[name] = entry
+        vs = entry.get("vs_plain", {})
+        hf = entry.get("vs_hf", {})
+        print(f"{name:12s} {entry['median_tok_s']:6.1f} tok/s  vs plain {vs.get('median', 1):.2f}x median, "
+              f"{vs.get('mean', 1):.2f}x mean, slowest {vs.get('min', 1):.2f}x"
+              + (f"; vs HF {hf['median']:.2f}x" if hf else "")
+              + (f"; tau {entry['tau']:.2f}" if entry["tau"] else "")
+              + f"; switches {entry['switches']}; shapes {','.join(entry['shapes']) or '-'}")
+    if default.monitor is not None:
+        m = default.monitor
+        summary["default_monitor"] = {"trees": m.trees, "tree_ratio": {k: m.tree_ratio(TreeShape.parse(k)) for k in m.trees},
+                                      "acceptance": [m.acceptance(d) for d in range(1, 7)]}
+    write_results(args.out, args, {"summary": summary, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
