@@ -6,7 +6,7 @@ prompts, as in one process); none reads or writes the costs earlier runs kept (`
 every run starts as a fresh machine does.
 
     python benchmarks/bench_default_shape.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
-        --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] --out FILE.json
+        --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] [--temperature 1] --out FILE.json
 
 Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
 tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
@@ -40,6 +40,8 @@ def main(argv=None) -> int:
                    help="also a fixed shape (fallback on), repeatable")
     p.add_argument("--random-drafter", help="also the default path with this (untrained) drafter")
     p.add_argument("--no-hf", action="store_true", help="skip HF generate (the slowest method)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the project's methods at this temperature, seeded per prompt (HF stays greedy)")
     args = p.parse_args(argv)
     warn_if_busy(args.threads)
     prompts = load_prompts(args.data, args.limit, args.every)
@@ -78,7 +80,8 @@ def main(argv=None) -> int:
                 eng._shape = kwargs["shape"]
             shape = kwargs.get("shape") or (eng.shape if eng.monitor is not None and kwargs.get("speculative", True)
                                             else None)
-            res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **kwargs)
+            sampling = {"temperature": args.temperature, "seed": i} if args.temperature > 0 else {}
+            res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **sampling, **kwargs)
             stats = res.stats
             rows[name].append({"id": prompt["id"], "tok_s": len(res.token_ids) / seconds,
                                "shape": shape_key(shape) if shape is not None else None,

@@ -1,0 +1,42 @@
+"""benchmarks/bench_default_shape.py end to end on a tiny float64 target: every method it times, the tree
+the default path may choose and the fallback's switches included, writes the plain loop's tokens (the
+float64 losslessness the figures rest on), and the summary names each method."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_default_shape  # noqa: E402
+
+from anchorspec.models.drafter import init_drafter, save_drafter  # noqa: E402
+from helpers import CHAT_WORDS, save_tiny_chat_target  # noqa: E402
+
+
+def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))
+    target = save_tiny_chat_target(tmp_path / "target", dtype=torch.float64)
+    drafters = []
+    for seed in (1, 2):
+        path = tmp_path / f"drafter{seed}"
+        save_drafter(init_drafter(AutoConfig.from_pretrained(target), "eagle3.1", draft_vocab_size=64, seed=seed), path)
+        drafters.append(str(path))
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question_id": i, "turns": [" ".join(CHAT_WORDS[i:i + 5])]}) + "\n"
+                            for i in range(3)))
+    out = tmp_path / "r.json"
+    assert bench_default_shape.main(["--target", str(target), "--drafter", drafters[0], "--random-drafter", drafters[1],
+                                     "--dtype", "float64", "--data", str(data), "--every", "1", "--limit", "3",
+                                     "--max-new-tokens", "12", "--shape", "2,2,4", "--out", str(out)]) == 0
+    body = json.loads(out.read_text())
+    methods = {"hf", "plain", "default", "no-fallback", "chains-only", "2,2,4", "random"}
+    assert set(body["rows"]) == methods and methods <= set(body["summary"])
+    plain = [row["tokens"] for row in body["rows"]["plain"]]
+    assert len(plain) == 3 and all(plain)
+    for name in methods - {"hf", "plain"}:
+        assert [row["tokens"] for row in body["rows"][name]] == plain, name
+    assert all(row["shape"] == "2,2,4" for row in body["rows"]["2,2,4"])
+    assert all(row["shape"].startswith("1,") for row in body["rows"]["chains-only"])
