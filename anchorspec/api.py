@@ -78,6 +78,7 @@ class Engine:
         self.target = target
         self.drafter = drafter
         self._shape = shape  # None: measured on first use (see `shape`)
+        self._sampled_shape: TreeShape | None = None  # the measured chain sampled decoding drafts (shape_for)
         self.shape_source = "given" if shape else "measured"
         self.proposer = None
         self.monitor: StreamMonitor | None = None  # this engine's costs and acceptance, across generations
@@ -113,6 +114,17 @@ class Engine:
     @shape.setter
     def shape(self, value: TreeShape) -> None:
         self._shape = value
+
+    def shape_for(self, sampling: SamplingParams) -> TreeShape:
+        """The shape generate() drafts with for `sampling` when given none: `shape`, except that a
+        measured choice for sampled decoding prices chains only. The tree's prior and ratio are greedy
+        figures, and sampled, on 16 MT-bench prompts at T=1, the costs' tree choice ran at 1.12x the
+        plain loop against 1.26x for chains only (session 39)."""
+        shape = self.shape
+        if sampling.greedy or shape.is_chain or not self.shape_source.startswith("measured"):
+            return shape
+        self._sampled_shape, _ = self.monitor.choose_shape(trees=(), current=self._sampled_shape)
+        return self._sampled_shape
 
     def remember(self) -> None:
         """Save what the monitor has learned to `costs_file` (if any), for the next process."""
@@ -166,7 +178,7 @@ class Engine:
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature, top_p, top_k),
                                seed=seed, stop_token_ids=self.stop_token_ids())
         if speculative and self.proposer is not None:
-            base = shape or self.shape
+            base = shape or self.shape_for(cfg.sampling)
             self.proposer.prune = prune
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
                                                          depth_controller("step" if adaptive else depth_control,

@@ -213,7 +213,10 @@ def cmd_generate(args) -> int:
             from .models.hub import resolve_target
 
             why = f"; {profile_miss_reason(resolve_target(args.target), args.drafter, engine.target.dtype)}"
-        print(f"[draft shape {_shape_text(engine.shape)}: {engine.shape_source}{why}]", file=sys.stderr)
+        from .decode.sampling import SamplingParams
+
+        drafted = engine.shape_for(SamplingParams(args.temperature, args.top_p, args.top_k))
+        print(f"[draft shape {_shape_text(drafted)}: {engine.shape_source}{why}]", file=sys.stderr)
     total = None
     # a bar on a terminal only: in a log (2>&1) its redraws would interleave with the generated text
     bar = tqdm(prompts, desc="generate", unit="prompt", disable=len(prompts) < 2 or not sys.stderr.isatty(),

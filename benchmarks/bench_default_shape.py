@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorspec.api import Engine, load  # noqa: E402
 from anchorspec.decode.fallback import shape_key  # noqa: E402
+from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.models.target import stock_twin  # noqa: E402
 from bench_core import (drafter_parser, hf_generate, load_prompts, median, timed, warn_if_busy,  # noqa: E402
@@ -78,9 +79,9 @@ def main(argv=None) -> int:
                     eng.monitor.calibrate(eng.target, eng.proposer)
                 kwargs = {"shape": eng.monitor.choose_shape(trees=(), current=eng._shape)[0]}
                 eng._shape = kwargs["shape"]
-            shape = kwargs.get("shape") or (eng.shape if eng.monitor is not None and kwargs.get("speculative", True)
-                                            else None)
             sampling = {"temperature": args.temperature, "seed": i} if args.temperature > 0 else {}
+            drafts = eng.monitor is not None and kwargs.get("speculative", True)
+            shape = kwargs.get("shape") or (eng.shape_for(SamplingParams(args.temperature)) if drafts else None)
             res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **sampling, **kwargs)
             stats = res.stats
             rows[name].append({"id": prompt["id"], "tok_s": len(res.token_ids) / seconds,

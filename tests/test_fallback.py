@@ -311,6 +311,19 @@ def test_a_tree_the_costs_choose_decodes_losslessly():
     assert "speculative" in engine.monitor.kinds
 
 
+def test_sampled_decoding_drafts_the_measured_chain_where_greedy_drafts_the_tree():
+    target = tiny_target("llama")
+    engine = Engine(target, random_drafter(target))
+    engine.monitor = FrozenCosts(plain=1.0, verify_per_token=0.001, draft_per_level=0.05)
+    engine.monitor.reached, engine.monitor.accepted = [1000] * 8, [800] * 8
+    engine.monitor.tree_draft["4,4,16"] = 0.1
+    assert engine.shape_for(SamplingParams()) == TreeShape(4, 4, 16)
+    sampled = engine.shape_for(SamplingParams(temperature=1.0))
+    assert sampled.is_chain and sampled == engine.monitor.choose_shape(trees=())[0]
+    given = Engine(target, random_drafter(target), TreeShape(4, 4, 16))
+    assert given.shape_for(SamplingParams(temperature=1.0)) == TreeShape(4, 4, 16)  # a given shape is kept
+
+
 def test_top_ranked_run_counts_the_accepted_top1_chain():
     # root 0; level 1: 1 (best), 2; level 2: 3 (best child of 1), 4 (child of 2); level 3: 5 (child of 3)
     tree = DraftTree(torch.arange(6), [-1, 0, 0, 1, 2, 3])
