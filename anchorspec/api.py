@@ -123,7 +123,9 @@ class Engine:
         shape = self.shape
         if sampling.greedy or shape.is_chain or not self.shape_source.startswith("measured"):
             return shape
-        self._sampled_shape, _ = self.monitor.choose_shape(trees=(), current=self._sampled_shape)
+        self._sampled_shape, speedup = self.monitor.choose_shape(trees=(), current=self._sampled_shape)
+        self.shape_source = (f"measured, chains only when sampling: expected {speedup:.2f}x plain on this "
+                             f"machine's costs ({self.costs_source})")
         return self._sampled_shape
 
     def remember(self) -> None:
