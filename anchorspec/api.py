@@ -67,6 +67,7 @@ def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
             f"drafter hidden_size={c.hidden_size} differs from the target embedding width {target.embed_weight.shape[1]}"
         )
     target.set_aux_layers(c.eagle_aux_hidden_state_layer_ids or None)
+    drafter.to(target.embed_weight.device)  # the drafter reads the target's states where they are
     drafter.bind_target_embedding(target.embed_weight)
 
 

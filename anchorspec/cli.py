@@ -372,6 +372,9 @@ def cmd_train(args) -> int:
     if args.init_from and not (Path(args.init_from) / "config.json").is_file():
         raise AnchorspecError(f"--init-from {args.init_from} is not a drafter directory (no config.json)")
     _set_threads(args.threads)
+    from .models.dtype import resolve_device
+
+    args.device = str(resolve_device(args.device))  # a clear line for cuda without a GPU; auto made concrete
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
@@ -386,7 +389,7 @@ def cmd_train(args) -> int:
         eval_new_tokens=args.eval_new_tokens,
         eval_replay=args.eval_replay,
         feature_cache=args.feature_cache, compile_loss=_compile_loss_choice(args.compile_loss, dtype),
-        resume=args.resume, progress=not args.no_progress)
+        device=args.device, resume=args.resume, progress=not args.no_progress)
     trainer = Trainer(cfg)
     if args.prepare_only:  # data, vocabulary and feature cache only (e.g. before parallel runs share the cache)
         print(json.dumps({"examples": len(trainer.examples), "feature_cache": trainer.cache_index and {
@@ -853,6 +856,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="offline target features (built on first use, resumable, shared by runs on the same data)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     t.add_argument("--prepare-only", action="store_true", help="build the data and --feature-cache, then stop")
+    t.add_argument("--device", default="auto",
+                   help="where the target and the drafter train: cpu, cuda[:N], or auto (CUDA when torch sees a GPU)")
     _add_threads(t)
     t.add_argument("--no-progress", action="store_true", help="no progress bar (stderr)")
     t.set_defaults(func=cmd_train)

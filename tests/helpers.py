@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import transformers
 
@@ -42,7 +44,8 @@ def tiny_target(family: str = "llama", dtype=torch.float64, seed: int = 0, peake
         model.get_output_embeddings().weight.mul_(peaked)
     if not stock:
         use_grouped_attention(model)
-    return Target(model.to(dtype).eval())
+    # ANCHORSPEC_TEST_DEVICE=cuda runs the tiny-model tests on a GPU (the device machine); unset: the CPU
+    return Target(model.to(dtype=dtype, device=os.environ.get("ANCHORSPEC_TEST_DEVICE", "cpu")).eval())
 
 
 class OracleProposer:

@@ -120,7 +120,7 @@ class EagleProposer:
     def drifted(self, state_norm: torch.Tensor) -> torch.Tensor:
         """[m] bool: which rows are not to be expanded (all False without pruning)."""
         if self.prune != "drift":
-            return torch.zeros(state_norm.shape, dtype=torch.bool)
+            return torch.zeros(state_norm.shape, dtype=torch.bool, device=state_norm.device)
         return state_norm > DRIFT_RATIO * self.context_norm
 
     def propose_passes(self, shape: TreeShape, params: SamplingParams, generator: torch.Generator | None) -> Program:
@@ -142,7 +142,7 @@ class EagleProposer:
             else:
                 q = probs_from_logits(logits, params)
                 draft_id = sample(q, generator)
-                qs.append(torch.zeros(self.vocab_size, dtype=q.dtype).index_copy_(0, self.draft_to_target, q))
+                qs.append(torch.zeros(self.vocab_size, dtype=q.dtype, device=q.device).index_copy_(0, self.draft_to_target, q))
             tokens.append(int(self.draft_to_target[draft_id]))
             if d < k:
                 out = yield DraftPass(self.drafter, self.cache, n + d - 1, torch.tensor([tokens[-1]]),

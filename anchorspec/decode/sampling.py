@@ -52,7 +52,10 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a 1-D probability vector."""
+    """One draw from a 1-D probability vector, on the generator's device (a CPU generator draws for a GPU
+    model too: the same seed gives the same stream wherever the model runs)."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -236,6 +236,26 @@ def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None
     return DTYPES[choice]
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """A --device value to a torch device: `auto` (or None) is CUDA when torch sees a GPU, else the CPU;
+    `cuda` (or `cuda:N`) without a GPU is one clear line, not a CUDA stack trace later."""
+    if isinstance(name, torch.device):
+        return name
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise AnchorspecError(f"--device {name}: torch {torch.__version__} sees no CUDA GPU here (use cpu or auto)")
+        return torch.device(name)
+    raise AnchorspecError(f"--device must be auto, cpu or cuda[:N], got {name!r}")
+
+
 PACK_MODES = ("auto", "on", "off")
 
 

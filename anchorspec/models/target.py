@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import AnchorspecError
 from .attention import use_grouped_attention, uses_grouped_attention
 from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
-from .dtype import DTYPES, model_shapes, parse_dtype, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
+from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
 from .packed import is_packed, pack_linears
 
@@ -154,11 +154,12 @@ class Target:
         """
         self._capture = capture_aux
         self._captured = {}
+        device = self.embed_weight.device  # inputs built on the CPU (bookkeeping) move where the model is
         try:
             out = self.model(
-                input_ids=input_ids.view(1, -1),
-                position_ids=position_ids.view(1, -1),
-                attention_mask=attention_mask,
+                input_ids=input_ids.view(1, -1).to(device),
+                position_ids=position_ids.view(1, -1).to(device),
+                attention_mask=None if attention_mask is None else attention_mask.to(device),
                 **{self._cache_kwarg: cache},
                 use_cache=True,
                 logits_to_keep=1 if last_only else 0,
@@ -248,15 +249,17 @@ class Target:
 
 
 def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=None, attn: str = "sdpa",
-                pack: str | None = None, stock: bool = False) -> Target:
-    """Load a target by directory, alias or hub id; dtype "auto" is the fast one here (models/dtype.py);
+                pack: str | None = None, stock: bool = False, device: str | torch.device = "cpu") -> Target:
+    """Load a target by directory, alias or hub id onto `device` ("auto": CUDA when present, models/dtype.py
+    resolve_device); dtype "auto" is the fast one there (models/dtype.py);
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the linear weights for
     oneDNN where that was measured faster, q/k/v and gate/up as one product each (models/packed.py);
     SDPA attention runs in the fastest grouped-query form per call (models/attention.py). `stock`: neither,
     transformers as users get it (a baseline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_target_dtype(dtype, target, pack=pack) if isinstance(dtype, str) else dtype
+    device = resolve_device(device)
+    torch_dtype = resolve_target_dtype(dtype, target, device=str(device), pack=pack) if isinstance(dtype, str) else dtype
     path = resolve_target(target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -264,6 +267,7 @@ def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=No
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AnchorspecError(f"cannot load target {target!r} from {path}: {first}") from exc
+    model.to(device)
     if stock:
         return Target(model, tokenizer, aux_layer_ids)
     if model.device.type == "cpu":

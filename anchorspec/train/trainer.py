@@ -36,7 +36,7 @@ from ..data.chat import DROP, KEEP
 from ..allocator import active_allocator, malloc_mode
 from ..atomic import atomic_write
 from ..models.drafter import Eagle3Drafter, deepen, init_drafter, layer_from_target, load_drafter, save_drafter
-from ..models.dtype import argmax_last
+from ..models.dtype import argmax_last, resolve_device
 from ..models.packed import is_packed
 from ..models.target import Target, decoder_layers, load_target, parse_dtype
 from ..data.chat import first_answer
@@ -100,6 +100,7 @@ class TrainConfig:
     eval_replay: int = 16  # held-out answers walked with the default tree (decode.shape.replay): the real tau, no noise
     feature_cache: str | None = None  # directory of the offline cache (built on first use); None = online
     compile_loss: bool = False  # inductor-fused cross-entropy kernels (ttt.compile_loss): same loss, faster
+    device: str = "cpu"  # where the target and the drafter train: cpu, cuda[:N] or auto (models.dtype.resolve_device)
     resume: bool = False
     progress: bool = True
 
@@ -242,6 +243,10 @@ class _Dist:
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world > 1:
+            if dist.get_backend() == "nccl":  # nccl reduces GPU tensors only
+                moved = t.cuda()
+                dist.all_reduce(moved)
+                return moved.to(t.device)
             dist.all_reduce(t)
         return t
 
@@ -313,9 +318,11 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         dtype = parse_dtype(cfg.dtype)
         self.autocast = dtype == torch.bfloat16
+        self.device = resolve_device(cfg.device)
+        self._cpu_target = None  # the evaluation's decoding target when training on a GPU (_decode_target)
         compile_loss(cfg.compile_loss)
         self.master_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        self.target = load_target(cfg.target, dtype, aux_layer_ids=cfg.aux_layers)
+        self.target = load_target(cfg.target, dtype, aux_layer_ids=cfg.aux_layers, device=self.device)
         for p in self.target.model.parameters():
             p.requires_grad_(False)
         if self.target.tokenizer is None:
@@ -360,12 +367,12 @@ class Trainer:
                 self._head_from_target(drafter, draft_ids)
             if cfg.init_layer == "target":  # read from stock fp32 weights: a prepacked target has no .weight
                 packed = is_packed(self.target.model)
-                stock = load_target(cfg.target, torch.float32, pack="off") if packed else self.target
+                stock = load_target(cfg.target, torch.float32, pack="off", device=self.device) if packed else self.target
                 layer_from_target(drafter, decoder_layers(stock.model)[-1])
                 del stock
         self.vocab_coverage = coverage(counts, draft_ids)
         # detached: a Parameter assigned to a module attribute would become a drafter parameter (and be saved)
-        drafter.to(self.master_dtype).bind_target_embedding(self.target.embed_weight.detach())
+        drafter.to(device=self.device, dtype=self.master_dtype).bind_target_embedding(self.target.embed_weight.detach())
         self.drafter = drafter
         self.objective = TTTObjective(drafter, cfg.ttt_steps, cfg.attn_align)
         self.accept = AcceptObjective(drafter, self.target, cfg.ttt_steps, cfg.accept_slots)
@@ -373,7 +380,9 @@ class Trainer:
         if self.dist.world > 1:
             self.model = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
         params = [p for p in drafter.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        # fused: one kernel for every parameter on a GPU (the CPU keeps the default, measured there)
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                                           fused=self.device.type == "cuda" or None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, self.total_steps, self.warmup))
         self.step = 0
@@ -419,7 +428,7 @@ class Trainer:
         old_ids, old_rows = drafter.draft_to_target.clone(), drafter.lm_head.weight.detach().clone()
         size = min(self.cfg.draft_vocab_size or drafter.config.draft_vocab_size, self.target.vocab_size)
         new_ids = select_draft_vocab(counts, size, always_include=stop_ids(self.target))
-        head = self.target.model.get_output_embeddings().weight.detach()
+        head = self.target.model.get_output_embeddings().weight.detach().cpu()  # the drafter is still on the CPU here
         mapping = head_map(old_ids, old_rows, head)
         if mapping is not None:
             head = (head.double() @ mapping).to(old_rows.dtype)
@@ -466,7 +475,7 @@ class Trainer:
         return out
 
     def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -492,27 +501,38 @@ class Trainer:
         if self.cfg.stage == "accept":
             result.update(self.heldout_acceptance())
         if self.eval_prompt_ids or self.replay_answers:
-            drafter = copy.deepcopy(self.drafter).to(self.target.dtype).eval()
-            drafter.bind_target_embedding(self.target.embed_weight.detach())
+            target = self._decode_target()
+            drafter = copy.deepcopy(self.drafter).to(device=target.embed_weight.device, dtype=target.dtype).eval()
+            drafter.bind_target_embedding(target.embed_weight.detach())
             proposer = EagleProposer(drafter)
         if self.replay_answers:
             # The default tree walked along held-out answers: the tau `generate` would reach on them (greedy),
             # over far more steps than a few generated prompts, so checkpoints are told apart by more than noise.
             walked = GenerationStats()
             for seq, start in self.replay_answers:
-                walked = walked.merge(replay(self.target, proposer, torch.tensor(seq), start, DEFAULT_TREE))
+                walked = walked.merge(replay(target, proposer, torch.tensor(seq), start, DEFAULT_TREE))
             result["replay_tau"] = walked.tau
             result["replay_acceptance_per_depth"] = walked.acceptance_per_depth
         if self.eval_prompt_ids:
             gcfg = GenerationConfig(max_new_tokens=self.cfg.eval_new_tokens, stop_token_ids=tuple(stop_ids(self.target)))
             total = None
             for ids in self.eval_prompt_ids:
-                res = generate_speculative(self.target, proposer, torch.tensor(ids), gcfg, DEFAULT_TREE)
+                res = generate_speculative(target, proposer, torch.tensor(ids), gcfg, DEFAULT_TREE)
                 total = res.stats if total is None else total.merge(res.stats)
             result["gen_tau"] = total.tau
             result["gen_acceptance_per_depth"] = total.acceptance_per_depth
         self.drafter.train()
         return result
+
+    def _decode_target(self) -> Target:
+        """The target the evaluation's real decoding runs on: the training target on a CPU; when training on
+        a GPU, a CPU copy loaded once, since the decode path is verified on the CPU only (on CUDA it still
+        mixes devices, measured on an H100 in session 40)."""
+        if self.device.type == "cpu":
+            return self.target
+        if self._cpu_target is None:
+            self._cpu_target = load_target(self.cfg.target, self.target.dtype, aux_layer_ids=self.target.aux_layer_ids)
+        return self._cpu_target
 
     @torch.no_grad()
     def heldout_acceptance(self) -> dict:
@@ -568,7 +588,7 @@ class Trainer:
         from ..models.drafter import module_state
 
         self.drafter.load_state_dict(module_state(load_file(str(path / "model.safetensors"))))
-        state = torch.load(path / "trainer_state.pt", weights_only=True)
+        state = torch.load(path / "trainer_state.pt", weights_only=True, map_location=self.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
@@ -629,7 +649,7 @@ class Trainer:
 
     def _batch(self, indices: list[int]) -> tuple:
         """The objective's inputs for examples `indices` (global): from the cache or a target pass."""
-        ids, lm, pm = collate([self.examples[i] for i in indices])
+        ids, lm, pm = (t.to(self.device) for t in collate([self.examples[i] for i in indices]))
         if self.cache is None:
             # The target's own logits (exact for heads with logit scaling too), handed to TTT already
             # in the draft vocabulary: a [B, T, V] fp32 copy and a bf16 argmax cost more than the step.
@@ -651,7 +671,7 @@ class Trainer:
 
     def _accept_batch(self, indices: list[int]) -> tuple:
         """Stage accept's inputs: aux, ids, the target's full-vocabulary logits, loss and padding masks."""
-        ids, lm, pm = collate([self.examples[i] for i in indices])
+        ids, lm, pm = (t.to(self.device) for t in collate([self.examples[i] for i in indices]))
         feats = self.target.features(ids, pm)
         return feats.aux, ids, feats.logits, lm, pm
 
@@ -686,7 +706,7 @@ class Trainer:
 
     def _window_record(self, window: _Accum, gnorm: float, seconds: float) -> dict:
         t = torch.tensor([window.loss, window.batches, window.tokens, window.extra], dtype=torch.float64)
-        packed = torch.cat([t, window.correct, window.valid, window.loss_k])
+        packed = torch.cat([t, window.correct.cpu(), window.valid.cpu(), window.loss_k.cpu()])
         packed = self.dist.all_sum(packed)
         K = self.cfg.ttt_steps
         loss, batches, tokens, extra = packed[:4].tolist()
@@ -694,7 +714,7 @@ class Trainer:
         acc = (correct / valid.clamp(min=1)).tolist()
         rec = {"step": self.step, "loss": loss / max(batches, 1), "loss_per_step": (loss_k / valid.clamp(min=1)).tolist(),
                "acc_per_step": acc, "train_sim_tau": simulated_tau(acc), "lr": self.scheduler.get_last_lr()[0],
-               "grad_norm": gnorm, "tokens_per_s": tokens / max(seconds, 1e-9)}
+               "grad_norm": gnorm, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds}
         if self.cfg.attn_align:
             rec["attn_align_kl"] = extra / max(batches, 1)
         if self.cfg.stage == "accept":
