@@ -526,8 +526,8 @@ class Trainer:
 
     def _decode_target(self) -> Target:
         """The target the evaluation's real decoding runs on: the training target on a CPU; when training on
-        a GPU, a CPU copy loaded once, since the decode path is verified on the CPU only (on CUDA it still
-        mixes devices, measured on an H100 in session 40)."""
+        a GPU, a CPU copy loaded once, since the decode path is verified on the CPU only (on an H100 in session
+        40 it mixed devices; fixed since, not yet run on a GPU again)."""
         if self.device.type == "cpu":
             return self.target
         if self._cpu_target is None:
