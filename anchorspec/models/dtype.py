@@ -236,9 +236,6 @@ def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None
     return DTYPES[choice]
 
 
-DEVICES = ("auto", "cpu", "cuda")
-
-
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     """A --device value to a torch device: `auto` (or None) is CUDA when torch sees a GPU, else the CPU;
     `cuda` (or `cuda:N`) without a GPU is one clear line, not a CUDA stack trace later."""
