@@ -372,6 +372,16 @@ def test_gpu_training_decodes_its_evaluation_on_a_cpu_copy(setup, tmp_path):
     assert torch.equal(copy.embed_weight, t.target.embed_weight)
 
 
+def test_feature_cache_is_refused_on_a_gpu(setup, tmp_path, monkeypatch):
+    """The offline cache lives on the CPU: a GPU run that asks for it gets one line at once, before any load."""
+    from anchorspec.train import trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "resolve_device", lambda name: torch.device("cuda"))
+    with pytest.raises(AnchorspecError, match="drop --feature-cache"):
+        Trainer(config(setup, tmp_path / "run", feature_cache=str(tmp_path / "cache")))
+    assert not (tmp_path / "cache").exists()
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
                           reason="needs a CUDA GPU (run on the device machine; CI has none)")
 
@@ -416,20 +426,29 @@ def test_cuda_evaluation_decodes_like_cpu(setup, tmp_path):
 
 
 @CUDA
-def test_cuda_bfloat16_autocast_run(setup, tmp_path):
-    """The GPU's own dtype: a bf16 target under CUDA autocast, fp32 masters on the GPU that do move, a resume."""
-    t = Trainer(config(setup, tmp_path / "bf", dtype="bfloat16", device="cuda", max_steps=3, save_every=2))
+def test_cuda_bfloat16_autocast_run(setup, tmp_path, monkeypatch):
+    """The GPU's own dtype: a bf16 target under CUDA autocast, and a run killed after its step-2 checkpoint
+    resumes on the GPU (its optimizer state back there) to the end, its fp32 masters on the GPU and moved."""
+    bf16_run_resumed(setup, tmp_path, monkeypatch, "cuda")
+
+
+def bf16_run_resumed(setup, tmp_path, monkeypatch, device: str) -> None:
+    """A bf16 run on `device` killed after its step-2 checkpoint, then resumed there to step 3 (the body of
+    the CUDA test above; on the CPU it runs the same, which is how it was checked without a GPU)."""
+    cfg = config(setup, tmp_path / "bf", dtype="bfloat16", device=device, max_steps=3, save_every=2)
+    run_interrupted(cfg, monkeypatch, at_step=2)
+    assert (tmp_path / "bf" / "checkpoints" / "latest").read_text().strip() == "step-0000002"
+    t = Trainer(dataclasses.replace(cfg, resume=True))
     assert t.target.dtype == torch.bfloat16 and t.autocast
     start = {k: v.clone() for k, v in t.drafter.state_dict().items()}
     t.run()
-    assert all(p.dtype == torch.float32 and p.device.type == "cuda" for p in t.drafter.parameters())
+    assert t.step == 3
+    assert all(p.dtype == torch.float32 and p.device.type == device for p in t.drafter.parameters())
+    assert all(v.device.type == device for state in t.optimizer.state.values() for v in state.values()
+               if torch.is_tensor(v) and v.dim() > 0)
     assert any(not torch.equal(start[k], v) for k, v in t.drafter.state_dict().items())
     recs = [r for r in read_jsonl(tmp_path / "bf" / "metrics.jsonl") if "eval" not in r]
     assert len(recs) == 3 and all(0 < r["loss"] < float("inf") for r in recs)
-    resumed = Trainer(config(setup, tmp_path / "bf", dtype="bfloat16", device="cuda", max_steps=3, save_every=2,
-                             resume=True))
-    resumed.run()  # from step 2: the optimizer state comes back onto the GPU
-    assert resumed.step == 3
 
 
 def test_resume_is_exact(setup, tmp_path, monkeypatch):

@@ -319,6 +319,9 @@ class Trainer:
         dtype = parse_dtype(cfg.dtype)
         self.autocast = dtype == torch.bfloat16
         self.device = resolve_device(cfg.device)
+        if cfg.feature_cache and self.device.type != "cpu":
+            raise AnchorspecError(f"--feature-cache is built and read on the CPU; training on {self.device}, the "
+                                  "target's own forward is cheaper than reading the cache: drop --feature-cache")
         self._cpu_target = None  # the evaluation's decoding target when training on a GPU (_decode_target)
         compile_loss(cfg.compile_loss)
         self.master_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -647,9 +650,13 @@ class Trainer:
 
     # --- the loop ------------------------------------------------------------------------------
 
+    def _collated(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids, loss mask and padding mask of examples `indices` (global), right-padded, on the device."""
+        return tuple(t.to(self.device) for t in collate([self.examples[i] for i in indices]))
+
     def _batch(self, indices: list[int]) -> tuple:
         """The objective's inputs for examples `indices` (global): from the cache or a target pass."""
-        ids, lm, pm = (t.to(self.device) for t in collate([self.examples[i] for i in indices]))
+        ids, lm, pm = self._collated(indices)
         if self.cache is None:
             # The target's own logits (exact for heads with logit scaling too), handed to TTT already
             # in the draft vocabulary: a [B, T, V] fp32 copy and a bf16 argmax cost more than the step.
@@ -671,7 +678,7 @@ class Trainer:
 
     def _accept_batch(self, indices: list[int]) -> tuple:
         """Stage accept's inputs: aux, ids, the target's full-vocabulary logits, loss and padding masks."""
-        ids, lm, pm = (t.to(self.device) for t in collate([self.examples[i] for i in indices]))
+        ids, lm, pm = self._collated(indices)
         feats = self.target.features(ids, pm)
         return feats.aux, ids, feats.logits, lm, pm
 
