@@ -320,8 +320,8 @@ class Trainer:
         self.autocast = dtype == torch.bfloat16
         self.device = resolve_device(cfg.device)
         if cfg.feature_cache and self.device.type != "cpu":
-            raise AnchorspecError(f"--feature-cache is built and read on the CPU; training on {self.device}, the "
-                                  "target's own forward is cheaper than reading the cache: drop --feature-cache")
+            raise AnchorspecError(f"--feature-cache is built and read on the CPU path only; training on {self.device}, "
+                                  "use online features: drop --feature-cache")
         self._cpu_target = None  # the evaluation's decoding target when training on a GPU (_decode_target)
         compile_loss(cfg.compile_loss)
         self.master_dtype = torch.float64 if dtype == torch.float64 else torch.float32
