@@ -22,7 +22,7 @@ import torch
 from .data.chat import prompt_ids
 from .decode.adaptive import depth_controller
 from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
-from .decode.fallback import StreamMonitor
+from .decode.fallback import TREE_CANDIDATES, StreamMonitor
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
 from .decode.shape import costs_path, load_costs, save_costs
@@ -124,10 +124,16 @@ class Engine:
         shape = self.shape
         if sampling.greedy or shape.is_chain or not self.shape_source.startswith("measured"):
             return shape
-        self._sampled_shape, speedup = self.monitor.choose_shape(trees=(), current=self._sampled_shape)
+        self._sampled_shape, speedup = self.monitor.choose_shape(trees=self.candidate_trees(sampling),
+                                                                 current=self._sampled_shape)
         self.shape_source = (f"measured, chains only when sampling: expected {speedup:.2f}x plain on this "
                              f"machine's costs ({self.costs_source})")
         return self._sampled_shape
+
+    @staticmethod
+    def candidate_trees(sampling: SamplingParams) -> tuple[TreeShape, ...]:
+        """The trees a measured choice prices beside the chains: none when sampling (shape_for)."""
+        return TREE_CANDIDATES if sampling.greedy else ()
 
     def remember(self) -> None:
         """Save what the monitor has learned to `costs_file` (if any), for the next process."""
@@ -182,10 +188,13 @@ class Engine:
                                seed=seed, stop_token_ids=self.stop_token_ids())
         if speculative and self.proposer is not None:
             base = shape or self.shape_for(cfg.sampling)
+            # a measured shape keeps being checked against its runner-up; a given or tuned one is kept
+            measured = shape is None and self.shape_source.startswith("measured")
             self.proposer.prune = prune
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
                                                          depth_controller("step" if adaptive else depth_control,
-                                                                          base), self.monitor, staged)
+                                                                          base), self.monitor, staged,
+                                                         self.candidate_trees(cfg.sampling) if measured else None)
             self.remember()
         else:
             res = generate_vanilla(self.target, ids, cfg)

@@ -133,6 +133,14 @@ def _add_threads(p, help: str = "torch intra-op threads (default: torch's choice
     p.add_argument("--threads", type=_count, help=help)
 
 
+def _add_device(p) -> None:
+    """--device for the commands that only decode with the target (data making)."""
+    p.add_argument("--device", default="cpu",
+                   help="where the target decodes: cpu, cuda[:N], or auto (CUDA when torch sees a GPU); default cpu "
+                        "while the decode path is verified on CPUs only (the float64 and fp32 tests run there; "
+                        "ANCHORSPEC_TEST_DEVICE=cuda runs them on a GPU)")
+
+
 def _add_shape(p, default: str) -> None:
     """--chain / --tree: the draft shape; `default` says what is used without either."""
     group = p.add_mutually_exclusive_group()
@@ -289,6 +297,10 @@ def cmd_regenerate(args) -> int:
         raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
     if not args.target and not args.endpoint:
         raise AnchorspecError("regenerate needs --target (answer locally) or --endpoint URL (through a server)")
+    if not args.endpoint:
+        from .models.dtype import resolve_device
+
+        resolve_device(args.device)  # cuda without a GPU: one line before the prompts are read
     if (args.turns == "later") != bool(args.continue_from):
         raise AnchorspecError("--turns later and --continue-from CORPUS_DIR go together (the corpus holds the "
                               "first replies that the later turns follow)")
@@ -342,7 +354,8 @@ def cmd_regenerate(args) -> int:
         from .models.target import load_target
 
         _set_threads(args.threads)
-        report = regenerate(load_target(args.target, args.dtype), items, args.out, batch_size=args.batch_size,
+        report = regenerate(load_target(args.target, args.dtype, device=args.device), items, args.out,
+                            batch_size=args.batch_size,
                             **sampling)
     print(json.dumps({"out": args.out, **{k: round(v, 2) if isinstance(v, float) else v for k, v in report.items()}}))
     return 0
@@ -428,9 +441,12 @@ def cmd_synth_prompts(args) -> int:
         raise AnchorspecError(f"--temperature must be > 0 (queries are sampled), got {args.temperature}")
     if Path(args.out).is_dir():
         raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
+    from .models.dtype import resolve_device
+
+    resolve_device(args.device)  # cuda without a GPU: one line before anything loads
     eval_filter = EvalFilter.from_data_dir(args.eval_data) if args.eval_data else None
     _set_threads(args.threads)
-    target = load_target(args.target, args.dtype)
+    target = load_target(args.target, args.dtype, device=args.device)
     report = synthesize_prompts(target, args.out, args.n, batch_size=args.batch_size,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed, eval_filter=eval_filter, system=args.system)
@@ -752,6 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder of the evaluation sets whose prompts are dropped ('' = no filter)")
     _add_dtype(sp)
     _add_threads(sp)
+    _add_device(sp)
     sp.set_defaults(func=cmd_synth_prompts)
 
     r = sub.add_parser("regenerate", help="answer prompts with the target itself (training data), resumable")
@@ -778,6 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences decoding together (continuous batching: a finished one is replaced at once)")
     _add_dtype(r, help="the target's dtype")
     _add_threads(r)
+    _add_device(r)
     r.add_argument("--endpoint", help="answer through an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1)")
     r.add_argument("--concurrency", type=int, default=8, help="with --endpoint: requests in flight")
     r.add_argument("--api-key", help="with --endpoint: sent as a Bearer token")

@@ -20,6 +20,7 @@ class GenerationStats:
     verify_s: float = 0.0
     total_s: float = 0.0
     fallback_switches: int = 0  # switches between speculative and plain steps (decode/fallback.py)
+    explored_steps: int = 0  # steps drafted with the runner-up of a measured shape (StreamMonitor.explore)
 
     def record_step(self, draft_depth: int, drafted: int, accepted: int) -> None:
         self.verify_steps += 1
@@ -57,7 +58,8 @@ class GenerationStats:
     def merge(self, other: "GenerationStats") -> "GenerationStats":
         out = GenerationStats()
         for name in ("prompt_tokens", "new_tokens", "target_forwards", "verify_steps", "drafted_tokens",
-                     "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s", "fallback_switches"):
+                     "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s", "fallback_switches",
+                     "explored_steps"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         depth = max(len(self.reached_per_depth), len(other.reached_per_depth))
         pad = lambda xs: xs + [0] * (depth - len(xs))  # noqa: E731
@@ -74,7 +76,7 @@ class GenerationStats:
                    accepted_tokens=d["accepted_tokens"], reached_per_depth=list(d["reached_per_depth"]),
                    accepted_per_depth=list(d["accepted_per_depth"]), prefill_s=t.get("prefill", 0.0),
                    draft_s=t.get("draft", 0.0), verify_s=t.get("verify", 0.0), total_s=t.get("total", 0.0),
-                   fallback_switches=d.get("fallback_switches", 0))
+                   fallback_switches=d.get("fallback_switches", 0), explored_steps=d.get("explored_steps", 0))
 
     def to_dict(self) -> dict:
         return {
@@ -90,6 +92,7 @@ class GenerationStats:
             "reached_per_depth": list(self.reached_per_depth),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "fallback_switches": self.fallback_switches,
+            "explored_steps": self.explored_steps,
             "time_s": {
                 "total": round(self.total_s, 4),
                 "prefill": round(self.prefill_s, 4),

@@ -100,16 +100,17 @@ def write_results(path: str, args, body: dict) -> None:
     print(f"wrote {out}")
 
 
-def load_prompts(path: str, limit: int, every: int = 1) -> list[dict]:
-    """First turns, every `every`-th of the file (MT-bench lists its 8 categories in blocks of 10, so
-    its first 10 are all "writing"; `every=5` takes 2 of each), at most `limit` of them."""
+def load_prompts(path: str, limit: int, every: int = 1, offset: int = 0) -> list[dict]:
+    """First turns, every `every`-th of the file from the `offset`-th (MT-bench lists its 8 categories in
+    blocks of 10, so its first 10 are all "writing"; `every=5` takes 2 of each; `every=2, offset=1` the
+    half that `every=2` leaves out), at most `limit` of them."""
     rows = []
     with open(path) as f:
         for line in f:
             if line.strip():
                 q = json.loads(line)
                 rows.append({"id": q.get("question_id", len(rows)), "text": q["turns"][0]})
-    return rows[::every][:limit]
+    return rows[offset::every][:limit]
 
 
 # --- small helpers ----------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import gc
 import json
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, median, named_drafters, timed, warn_if_busy  # noqa: E402
 
 from anchorspec.api import Engine  # noqa: E402
+from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.compiled import graphs_compiled  # noqa: E402
@@ -58,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--every", type=int, default=1, metavar="N",
                    help="every N-th prompt of the file (MT-bench: 5 takes 2 of each of its 8 categories; its first "
                         "10 are all writing)")
+    p.add_argument("--offset", type=int, default=0, metavar="I",
+                   help="start from the I-th prompt (with --every 2: 1 takes the other half)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2)
@@ -102,12 +106,17 @@ class Method:
         self.stats: GenerationStats | None = None
 
     def run(self, ids, max_new, seed):
+        """(tokens, seconds, stats or None, the draft shape as "K,D,N" or None)."""
         if self.kind == "hf":
             tokens, dt = timed(hf_generate, self.engine, ids, max_new)
-            return tokens, dt, None
+            return tokens, dt, None, None
+        shape = None
+        if self.kind == "spec":  # what generate will draft with (shape_for is what it asks; asking twice is the same)
+            s = self.engine.shape_for(SamplingParams(self.temperature))
+            shape = f"{s.top_k},{s.depth},{s.total_tokens}"
         res, dt = timed(self.engine.generate, ids, max_new_tokens=max_new, temperature=self.temperature,
                         seed=seed, speculative=self.kind == "spec", **self.options)
-        return res.token_ids, dt, res.stats if self.kind == "spec" else None
+        return res.token_ids, dt, res.stats if self.kind == "spec" else None, shape
 
 
 def main(argv=None) -> int:
@@ -118,7 +127,7 @@ def main(argv=None) -> int:
     target = load_target(args.target, dtype, pack=args.pack)
     engine = Engine(target)
     stock = Engine(stock_twin(target, args.target, dtype))
-    prompts = load_prompts(args.data, args.limit, args.every)
+    prompts = load_prompts(args.data, args.limit, args.every, args.offset)
     encoded = [engine.encode(p["text"], chat=True) for p in prompts]
     defaults = args.shape == "default"
     tree = None if defaults else TreeShape(*(int(x) for x in args.shape.split(",")))
@@ -169,12 +178,11 @@ def main(argv=None) -> int:
         out = {}
         for m in order:
             gc.collect()
-            tokens, dt, stats = m.run(ids, args.max_new_tokens, seed=i)
-            out[m.name] = (tokens, dt, stats)
-        base_tokens, base_dt, _ = out["hf_generate"]
+            out[m.name] = m.run(ids, args.max_new_tokens, seed=i)
+        base_tokens, base_dt, _, _ = out["hf_generate"]
         for m in methods:
-            tokens, dt, stats = out[m.name]
-            m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt,
+            tokens, dt, stats, shape = out[m.name]
+            m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt, "shape": shape,
                            "tokens_per_s": len(tokens) / dt,
                            "speedup": (len(tokens) / dt) / (len(base_tokens) / base_dt),
                            "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None})
@@ -204,12 +212,18 @@ def main(argv=None) -> int:
              "verify_steps": m.stats.verify_steps if m.stats else 0,
              "acceptance_per_depth": m.stats.acceptance_per_depth if m.stats else None,
              "fallback_switches": sum((r["stats"] or {}).get("fallback_switches") or 0 for r in m.rows),
+             "explored_steps": sum((r["stats"] or {}).get("explored_steps") or 0 for r in m.rows),
+             "prompts_per_shape": dict(Counter(r["shape"] for r in m.rows if r["shape"])),
              "per_prompt": m.rows}
         results["methods"][m.name] = s
         acc = ", ".join(f"{a:.2f}" for a in s["acceptance_per_depth"]) if m.stats else "-"
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
         print(f"| {m.name} | {tau} | {acc} | {s['median_tokens_per_s']:.1f} | "
               f"{s['median_speedup']:.2f}x / {s['mean_speedup']:.2f}x | {s['differs_from_hf']}/{len(m.rows)} |")
+    for name, s in results["methods"].items():
+        if s["prompts_per_shape"]:
+            print(f"{name}: prompts per draft shape {s['prompts_per_shape']}, {s['explored_steps']} explored steps, "
+                  f"{s['fallback_switches']} fallback switches")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out}")

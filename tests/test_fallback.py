@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import anchorspec.decode.engine as engine_module
+import anchorspec.decode.fallback as fallback_module
 from anchorspec.api import Engine
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
-from anchorspec.decode.fallback import (PRIOR_TREE_RATIO, TREE_CANDIDATES, TREE_PRIOR_WEIGHT, DriftMonitor,
-                                        StreamMonitor)
+from anchorspec.decode.fallback import (EXPLORE_EVERY, PRIOR_TREE_RATIO, TREE_CANDIDATES, TREE_PRIOR_WEIGHT,
+                                        DriftMonitor, StreamMonitor)
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
@@ -491,3 +492,121 @@ def test_a_step_that_compiled_is_no_cost_sample(counts_as_compile):
     assert res.token_ids == ref
     slowest = max(y for _, y in monitor.verify.points.values())
     assert (slowest < 0.3) == counts_as_compile
+
+
+# --- exploring: a measured shape is checked against the other candidates now and then ----------------
+
+def test_explore_takes_the_least_recently_drafted_plausible_candidate(monkeypatch):
+    m = FrozenCosts()
+    tree, chain3, chain2, chain1 = TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape.chain(2), TreeShape.chain(1)
+    speeds = {tree: 1.50, chain3: 1.45, chain2: 1.40, chain1: 1.0}  # chain 4: unpriced
+    m.speedup = speeds.get
+    picks = [m.explore(tree) for _ in range(3 * EXPLORE_EVERY)]
+    assert picks[:EXPLORE_EVERY - 1] == [None] * (EXPLORE_EVERY - 1)
+    # never drafted first, then in turn; chain 1 (below EXPLORE_FLOOR x 1.5) and unpriced chain 4 never
+    assert [p for p in picks if p is not None] == [chain3, chain2, chain3] and m.explored == 3
+    speeds[chain3] = speeds[chain2] = 1.1  # every other candidate far behind: nothing explored
+    assert [m.explore(tree) for _ in range(EXPLORE_EVERY)] == [None] * EXPLORE_EVERY and m.explored == 3
+
+
+def test_calibrated_costs_are_replaced_by_the_first_real_step():
+    m = StreamMonitor()
+    m.verify.add(16, 1.6, provisional=True)
+    m.verify.add(16, 1.1)  # a real step: replaces the guess
+    assert m.verify(16) == pytest.approx(1.1)
+    m.verify.add(16, 2.1)  # later real steps are averaged (smoothing 0.2)
+    assert m.verify(16) == pytest.approx(1.3)
+    m.tree_draft["4,4,16"], m.shape = 0.9, TreeShape(4, 4, 16)
+    m.provisional_trees.add("4,4,16")
+    StreamMonitor.observe_step(m, "speculative", 16, 4, 2, step_s=1.5, draft_s=0.3, top_ranked=1, top_depth=4)
+    assert m.tree_draft["4,4,16"] == pytest.approx(0.3) and not m.provisional_trees
+    fresh = StreamMonitor()  # which costs are guesses survives the trip through the costs file
+    m.draft.add(3, 0.2, provisional=True)
+    assert fresh.restore(m.state()) and fresh.draft.provisional == {3} and fresh.state() == m.state()
+
+
+def simulate_stream(m: StreamMonitor, steps: int, explore: bool, prompt_steps: int = 50) -> TreeShape:
+    """A stream on a machine where a chain of d verifies in 1.0 s and drafts in 0.05 d s, and the 4,4,16
+    tree verifies in 1.1 s and drafts in 0.25 s; a chain accepts its first 2 tokens and never a 3rd,
+    the tree 3 tokens, 2 of them on its top-1 chain. Its shape is chosen anew every `prompt_steps`
+    steps, as `generate` chooses it per prompt. Returns the shape it ends with."""
+    current = m.choose_shape()[0]
+    for i in range(steps):
+        if i and i % prompt_steps == 0:
+            current = m.choose_shape(current=current)[0]
+        drafted = (m.explore(current) if explore else None) or current
+        if drafted.is_chain:
+            draft, verify, accepted, top = 0.05 * drafted.depth, 1.0, min(drafted.depth, 2), None
+        else:
+            draft, verify, accepted, top = 0.25, 1.1, 3, 2
+        StreamMonitor.observe_step(m, "speculative", drafted.total_tokens, drafted.depth, accepted, draft + verify,
+                                   draft, top_ranked=top, top_depth=drafted.depth if top else None, shape=drafted)
+    return current
+
+
+def test_exploring_corrects_a_stale_tree_cost_and_the_stream_returns_to_the_tree():
+    """Session 40: the calibration priced the tree's 16-token verify far above what it costs, the
+    stream drafted chains and never came back. With exploring, one real tree step corrects the
+    price and the stream takes the tree; without (the negative control) it stays on chains."""
+    def calibrated():
+        m = StreamMonitor()
+        for n in range(1, 10):
+            m.verify.add(n, 1.0, provisional=True)
+        m.verify.add(16, 1.5, provisional=True)  # a slow patch during the calibration; really 1.1
+        for d in (1, 4):
+            m.draft.add(d, 0.05 * d, provisional=True)
+        m.tree_draft["4,4,16"] = 0.25
+        m.provisional_trees.add("4,4,16")
+        m.calibrated = True
+        return m
+
+    tree = TreeShape(4, 4, 16)
+    stuck = calibrated()
+    assert simulate_stream(stuck, 400, explore=False).is_chain and "4,4,16" not in stuck.trees
+    assert stuck.verify(16) == pytest.approx(1.5)
+    explored = calibrated()
+    assert simulate_stream(explored, 400, explore=True) == tree
+    assert explored.verify(16) == pytest.approx(1.1) and explored.explored > 0
+
+
+@pytest.mark.parametrize("drafter", ["random", "oracle"])
+def test_greedy_lossless_while_exploring(drafter, monkeypatch):
+    """generate's measured shape with a step in two drafted with another candidate (float64): token
+    for token what plain decoding gives, and the explored steps happened."""
+    monkeypatch.setattr(fallback_module, "EXPLORE_EVERY", 2)
+    target = tiny_target("llama")
+    engine = Engine(target, random_drafter(target))
+    if drafter == "oracle":
+        engine.proposer = OracleProposer(target)
+    engine.monitor = FrozenCosts(plain=1.0, verify_per_token=0.001, draft_per_level=0.02)
+    engine.monitor.reached, engine.monitor.accepted = [1000] * 8, [800] * 8
+    engine.monitor.tree_draft["4,4,16"] = 0.1
+    explored = 0
+    for prompt in prompts(3):
+        ref = engine.generate(prompt.tolist(), max_new_tokens=30, speculative=False).token_ids
+        res = engine.generate(prompt.tolist(), max_new_tokens=30)
+        assert res.token_ids == ref
+        explored += res.stats.explored_steps
+    assert explored >= 3 and engine.monitor.explored == explored
+    given = engine.generate(prompts()[0].tolist(), max_new_tokens=30, shape=TreeShape(4, 4, 16))
+    assert given.stats.explored_steps == 0  # a shape the caller gave is drafted as given
+
+
+def test_sampling_while_exploring_matches_target_distribution(setup, monkeypatch):  # noqa: F811
+    """Which shape a step drafts depends only on earlier steps: the output keeps the target's distribution."""
+    monkeypatch.setattr(fallback_module, "EXPLORE_EVERY", 2)
+    target, proposer = setup
+    monitor = FrozenCosts(plain=1.0, verify_per_token=0.001, draft_per_level=0.02)
+    monitor.reached, monitor.accepted = [1000] * 8, [800] * 8
+    monitor.tree_draft["3,3,8"] = 0.05
+    n = 1200
+    samples = torch.zeros(n, NEW, dtype=torch.long)
+    explored = 0
+    for i in range(n):
+        cfg = GenerationConfig(max_new_tokens=NEW, sampling=PARAMS, seed=30_000 + i)
+        res = generate_speculative(target, proposer, PROMPT, cfg, TreeShape.chain(3), fallback=monitor,
+                                   explore=(TreeShape(3, 3, 8),))
+        samples[i] = torch.tensor(res.token_ids)
+        explored += res.stats.explored_steps
+    assert explored > n // 4
+    assert worst_p_value(samples, exact_distribution(target)) > 1e-3

@@ -509,9 +509,16 @@ def prompts_file(tmp_path):
                                                     for i in range(6)])
 
 
-@pytest.mark.parametrize("case", ["missing-data", "batch-size-0", "out-is-dir", "negative-limit", "bad-data-row"])
+@pytest.mark.parametrize("case", ["missing-data", "batch-size-0", "out-is-dir", "negative-limit", "bad-data-row",
+                                  "bad-device", "cuda-without-gpu"])
 def test_cli_bad_args_exit_2_one_line(capsys, tmp_path, target_dir, prompts_file, case):
     data, out, extra = prompts_file, tmp_path / "o.jsonl", []
+    if case == "bad-device":
+        extra = ["--device", "tpu"]
+    elif case == "cuda-without-gpu":
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA GPU")
+        extra = ["--device", "cuda"]
     if case == "missing-data":
         data = tmp_path / "missing.jsonl"
     elif case == "batch-size-0":
@@ -529,7 +536,8 @@ def test_cli_bad_args_exit_2_one_line(capsys, tmp_path, target_dir, prompts_file
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("anchorspec: error:"), err
     expect = {"missing-data": "missing.jsonl", "batch-size-0": "--batch-size", "out-is-dir": "directory",
-              "negative-limit": "limit", "bad-data-row": "rows.jsonl:2"}[case]
+              "negative-limit": "limit", "bad-data-row": "rows.jsonl:2", "bad-device": "--device must be",
+              "cuda-without-gpu": "sees no CUDA GPU"}[case]
     assert expect in lines[0]
     assert not (tmp_path / "o.jsonl").exists()
 

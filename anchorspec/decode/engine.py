@@ -275,24 +275,25 @@ class SpeculativeDecoding:
         return pending
 
     @torch.inference_mode()
-    def step(self, speculate: bool = True) -> StepReport:
+    def step(self, speculate: bool = True, shape: TreeShape | None = None) -> StepReport:
         """The prefill, then prepare + a batch-of-one forward + finish."""
         self._check_step()
         if not self.started:
             return self._prefill()
         if self.batched:
             raise AnchorspecError("this sequence is attached to a batch: step it with its BatchDecoder")
-        tree = self.prepare(speculate)
+        tree = self.prepare(speculate, shape)
         t = time.perf_counter()
         logits, aux = self._forward(tree, capture_aux=self.proposer is not None)
         return self.finish(logits, aux, time.perf_counter() - t)
 
     @torch.inference_mode()
-    def prepare(self, speculate: bool = True) -> DraftTree:
-        """Draft (unless `speculate` is off or no room is left): the tree the target must verify."""
-        return run_program(self.draft(speculate))
+    def prepare(self, speculate: bool = True, shape: TreeShape | None = None) -> DraftTree:
+        """Draft (unless `speculate` is off or no room is left): the tree the target must verify.
+        `shape`: this step's draft shape instead of the sequence's (not with an adaptive depth)."""
+        return run_program(self.draft(speculate, shape))
 
-    def draft(self, speculate: bool = True) -> Program:
+    def draft(self, speculate: bool = True, shape: TreeShape | None = None) -> Program:
         """`prepare` as a program of drafter passes (decode/drafting.py), so that a BatchDecoder can
         run the passes of many sequences together. Its driver runs it under inference_mode."""
         self._check_step()
@@ -302,7 +303,9 @@ class SpeculativeDecoding:
         held, self._held = self._held, None
         if held is not None and speculate:  # the rest of a staged draft, within the token budget
             return self._begin(held.levels(self.out.remaining - 1)[0], t, held=True)
-        shape = self.policy.shape() if self.policy else self.shape
+        if shape is not None and self.policy is not None:
+            raise AnchorspecError("a step's own shape and an adaptive depth do not combine")
+        shape = shape or (self.policy.shape() if self.policy else self.shape)
         # never draft deeper than the tokens still allowed (the bonus token takes one)
         step_shape = shape.capped(self.out.remaining - 1) if speculate and self.proposer is not None else None
         if step_shape is None:  # nothing to draft (no proposer, no room, or speculation is off): the root alone
@@ -324,9 +327,11 @@ class SpeculativeDecoding:
             raise AnchorspecError("generation is not finished yet")
         return GenerationResult(self.out.tokens, self.out.finish, self.stats)
 
-    def run(self, fallback: StreamMonitor | None = None) -> GenerationResult:
+    def run(self, fallback: StreamMonitor | None = None, explore: tuple[TreeShape, ...] | None = None) -> GenerationResult:
         """To the end; with `fallback`, steps go plain while it says speculation does not pay
-        (decode/fallback.py), and its costs and acceptance learn from every step."""
+        (decode/fallback.py), and its costs and acceptance learn from every step. `explore` (the
+        candidate trees; None: off): the sequence's shape was measured, not given, so now and then a
+        step drafts the runner-up shape to keep the costs that chose it current (StreamMonitor.explore)."""
         if fallback is None or not fallback.enabled or self.proposer is None:
             while not self.finished:
                 self.step()
@@ -334,11 +339,14 @@ class SpeculativeDecoding:
         if not fallback.calibrated and fallback.fixed_threshold is None:
             fallback.calibrate(self.target, self.proposer)  # leaves the proposer reset
         state = fallback.start(self.shape)
+        exploring = explore is not None and self.policy is None and self.staged is None
         previous = self.step()  # the prefill
         while not self.finished:
             fallback.start_round([state])  # a due retry turns speculation back on
+            shape = fallback.explore(self.shape, explore) if exploring and state.speculating else None
             t, graphs = time.perf_counter(), graphs_compiled()
-            report = self.step(state.speculating)
+            report = self.step(state.speculating, shape)
+            self.stats.explored_steps += shape is not None
             step_s = time.perf_counter() - t
             # after a prefill or plain stretch the drafter first reads those positions' features;
             # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft;
@@ -346,7 +354,8 @@ class SpeculativeDecoding:
             if not report.held and graphs_compiled() == graphs:
                 fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
                                       report.draft_s, catch_up=previous.kind != "speculative",
-                                      top_ranked=report.top_ranked, top_depth=report.top_depth)
+                                      top_ranked=report.top_ranked, top_depth=report.top_depth,
+                                      shape=shape or self.shape)
             fallback.record(state, report.kind, report.accepted, len(report.tokens))
             previous = report
         self.stats.fallback_switches = state.switches
@@ -435,8 +444,9 @@ def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> Gener
 
 def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
                          shape: TreeShape | AdaptiveDepth, fallback: StreamMonitor | None = None,
-                         staged: int | None = None) -> GenerationResult:
+                         staged: int | None = None, explore: tuple[TreeShape, ...] | None = None) -> GenerationResult:
     """`fallback`: the stream's drift monitor (decode/fallback.py), kept across generations so that
     its costs and acceptance accumulate; None speculates at every step. `staged`: levels verified
-    in the first stage of a staged verification (None: the whole draft at once)."""
-    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape, staged).run(fallback)
+    in the first stage of a staged verification (None: the whole draft at once). `explore`: see
+    SpeculativeDecoding.run."""
+    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape, staged).run(fallback, explore)

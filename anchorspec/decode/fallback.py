@@ -57,6 +57,10 @@ or the candidate tree (TREE_CANDIDATES), whose expected tokens per second beats 
 the most; if none does, the stream starts plain and retries like any other. A chain's tau comes
 from the acceptance per depth learned from this process's verified steps (a prior before that); a
 tree's from its top-1 chain's, scaled by what the tree's own steps accepted beyond that chain.
+The calibration's figures are guesses that the first real step of that size replaces, and a measured
+shape is checked against the other candidates as it runs: every EXPLORE_EVERY steps one step drafts
+the plausible candidate drafted least recently (`StreamMonitor.explore`), so that a shape left early
+on noisy costs is priced again from real steps.
 What a stream learned (`StreamMonitor.state`) outlives its process: `anchorspec.load` keeps it per
 target, drafter, dtype and machine (decode/shape.py: costs_path), so the next run starts from real
 steps' costs and the drafter's measured acceptance instead of a short, noisy calibration.
@@ -113,11 +117,18 @@ class CostCurve:
     def __init__(self, smoothing: float):
         self.smoothing = smoothing
         self.points: dict[int, list[float]] = {}  # bucket -> [mean x, mean y]
+        self.provisional: set[int] = set()  # buckets whose point came from a calibration, not real work
 
-    def add(self, x: float, y: float) -> None:
-        point = self.points.get(cost_bucket(x))
-        if point is None:
-            self.points[cost_bucket(x)] = [float(x), float(y)]
+    def add(self, x: float, y: float, provisional: bool = False) -> None:
+        """Learn that work x cost y. `provisional`: a calibration's figure, which the first real one
+        replaces instead of being averaged with (a few timed forwards in a fresh process are a guess)."""
+        bucket = cost_bucket(x)
+        point = self.points.get(bucket)
+        if point is None or bucket in self.provisional:
+            self.points[bucket] = [float(x), float(y)]
+            self.provisional.discard(bucket)
+            if provisional:
+                self.provisional.add(bucket)
         else:
             point[0] += self.smoothing * (x - point[0])
             point[1] += self.smoothing * (y - point[1])
@@ -386,6 +397,15 @@ PRIOR_TREE_RATIO = 1.55
 TREE_PRIOR_WEIGHT = 32
 MIN_PRICED_CHAIN = 4  # choose_shape prices chains this deep before any is measured (the calibrated depth)
 SHAPE_MARGIN = 0.05  # choose_shape keeps the current shape unless another is expected this much faster
+# Every EXPLORE_EVERY speculative steps of a measured shape, one step drafts another candidate instead:
+# of those expected at least EXPLORE_FLOOR of the current shape's speed, the one drafted least recently
+# (StreamMonitor.explore). Without it a shape not drafted keeps the costs it was calibrated with: on a
+# noisy host a stream priced the tree's 16-token verify at 77 ms (calibrated) against ~58 realised,
+# left it for chains after one bad prompt, and never came back (session 40). Least recently drafted,
+# not the runner-up: the runner-up is usually the chain one level off, and the shape whose cost is
+# wrong is the one never drafted. A step in 16 at >= 0.8x costs at most ~1.3 % of the speed.
+EXPLORE_EVERY = 16
+EXPLORE_FLOOR = 0.8
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
 STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
 
@@ -411,26 +431,33 @@ class StreamMonitor(DriftMonitor):
         self.trees: dict[str, list[int]] = {}  # tree shape -> [steps, accepted, accepted by its top-1 chain]
         self.tree_draft: dict[str, float] = {}  # tree shape -> seconds to draft it (moving average)
         self.calibrated = False
+        self.provisional_trees: set[str] = set()  # tree_draft entries from the calibration (CostCurve.add)
+        self.clock = 0  # explore() calls: speculative steps of measured shapes
+        self.last_drafted: dict[str, int] = {}  # shape -> clock of its latest step
+        self.explored = 0  # steps drafted with another candidate than the stream's shape (this process)
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
-                     catch_up: bool = False, top_ranked: int | None = None, top_depth: int | None = None) -> None:
+                     catch_up: bool = False, top_ranked: int | None = None, top_depth: int | None = None,
+                     shape: TreeShape | None = None) -> None:
         """One step of the stream: `tokens` verified in a step of `step_s` seconds (drafting
         included), `draft_s` of them drafting a depth-`depth` draft. `catch_up`: the drafter first
         read the features of a plain stretch, so its time says nothing about a draft's cost.
         `top_ranked`, `top_depth`: of a tree's accepted nodes, how many lay on its top-1 chain, and
-        that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it)."""
+        that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it).
+        `shape`: the shape the step drafted with (None: the stream's; explore() picks others)."""
         if kind == "plain":
             self.verify.add(1, step_s)
         if kind != "speculative":
             return
         self.verify.add(tokens, step_s - draft_s)
-        tree = self.shape is not None and not self.shape.is_chain
-        if tree:
-            key = shape_key(self.shape)
-            if not catch_up and depth == self.shape.depth:
-                old = self.tree_draft.get(key)
+        shape = shape if shape is not None else self.shape
+        if shape is not None and not shape.is_chain:
+            key = shape_key(shape)
+            if not catch_up and depth == shape.depth:
+                old = None if key in self.provisional_trees else self.tree_draft.get(key)
                 self.tree_draft[key] = draft_s if old is None else old + self.smoothing * (draft_s - old)
+                self.provisional_trees.discard(key)
             if top_ranked is None:
                 return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
             counts = self.trees.setdefault(key, [0, 0, 0])
@@ -507,13 +534,38 @@ class StreamMonitor(DriftMonitor):
         the candidates' estimates sit within a few per cent of each other and move with every
         prompt, and without the margin a stream hopped between deep chains and the tree, its
         deep-chain estimates the least certain (session 39)."""
-        deepest = max(self.measured_depth() + 1, MIN_PRICED_CHAIN)
-        shapes = [TreeShape.chain(d) for d in range(1, min(max_depth, deepest) + 1)] + list(trees)
-        best = max(shapes, key=lambda s: self.speedup(s) or 0.0)
+        best = max(self.candidates(max_depth, trees), key=lambda s: self.speedup(s) or 0.0)
         kept = self.speedup(current) if current is not None else None
         if kept is not None and kept * (1 + SHAPE_MARGIN) >= (self.speedup(best) or 0.0):
             best = current
         return best, self.speedup(best)
+
+    def candidates(self, max_depth: int = MAX_CHAIN, trees=TREE_CANDIDATES) -> list[TreeShape]:
+        """The shapes choose_shape prices: chains one level past the deepest measured depth (at least
+        MIN_PRICED_CHAIN, at most `max_depth`), and `trees`."""
+        deepest = max(self.measured_depth() + 1, MIN_PRICED_CHAIN)
+        return [TreeShape.chain(d) for d in range(1, min(max_depth, deepest) + 1)] + list(trees)
+
+    def explore(self, current: TreeShape, trees=TREE_CANDIDATES) -> TreeShape | None:
+        """Called before each speculative step drafted with the measured shape `current`: every
+        EXPLORE_EVERY-th call, another of choose_shape's candidates (with `trees`) to draft this one
+        step with instead, so that its costs and acceptance come from real steps of this run and not
+        only from the calibration: of those expected at least EXPLORE_FLOOR of `current`'s speed, the
+        one drafted least recently (the fastest of those never drafted). None otherwise. Any shape is lossless: only speed is at stake."""
+        self.clock += 1
+        if self.clock % EXPLORE_EVERY:
+            self.last_drafted[shape_key(current)] = self.clock
+            return None
+        kept = self.speedup(current)
+        plausible = [s for s in self.candidates(trees=trees) if s != current and kept is not None
+                     and (self.speedup(s) or 0.0) >= EXPLORE_FLOOR * kept]
+        if not plausible:
+            self.last_drafted[shape_key(current)] = self.clock
+            return None
+        pick = min(plausible, key=lambda s: (self.last_drafted.get(shape_key(s), -1), -self.speedup(s)))
+        self.last_drafted[shape_key(pick)] = self.clock
+        self.explored += 1
+        return pick
 
     # --- memory across processes ----------------------------------------------------------------
     def state(self) -> dict:
@@ -521,7 +573,10 @@ class StreamMonitor(DriftMonitor):
         return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
                 "draft": sorted(self.draft.points.values()), "reached": list(self.reached),
                 "accepted": list(self.accepted), "trees": {k: list(v) for k, v in self.trees.items()},
-                "tree_draft": dict(self.tree_draft)}
+                "tree_draft": dict(self.tree_draft),
+                # which costs are still the calibration's (the first real step replaces them)
+                "provisional": {"verify": sorted(self.verify.provisional), "draft": sorted(self.draft.provisional),
+                                "trees": sorted(self.provisional_trees)}}
 
     def restore(self, state: dict) -> bool:
         """Take up what an earlier process learned (`state()`): its costs stand in for the
@@ -535,16 +590,21 @@ class StreamMonitor(DriftMonitor):
             reached, accepted = [int(n) for n in state["reached"]], [int(n) for n in state["accepted"]]
             trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in state["trees"].items()}
             tree_draft = {shape_key(TreeShape.parse(k)): float(v) for k, v in state["tree_draft"].items()}
+            provisional = state.get("provisional", {})  # absent from the states of session 40 and before
+            guesses = {name: {int(b) for b in provisional.get(name, ())} for name in ("verify", "draft")}
+            guessed_trees = {shape_key(TreeShape.parse(k)) for k in provisional.get("trees", ())}
         except (AttributeError, KeyError, TypeError, ValueError, AnchorspecError):
             return False
         if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
                 or any(x < 1 or y <= 0 for x, y in verify + draft)
                 or any(len(v) != 3 or min(v) < 0 for v in trees.values()) or any(y <= 0 for y in tree_draft.values())):
             return False
-        for curve, points in ((self.verify, verify), (self.draft, draft)):
+        for curve, points, guessed in ((self.verify, verify, guesses["verify"]), (self.draft, draft, guesses["draft"])):
             for x, y in points:
                 curve.points[cost_bucket(x)] = [x, y]
+            curve.provisional = guessed & set(curve.points)
         self.reached, self.accepted, self.trees, self.tree_draft = reached, accepted, trees, tree_draft
+        self.provisional_trees = guessed_trees & set(tree_draft)
         self.calibrated = self.calibrated or (
             cost_bucket(1) in self.verify.points and len(self.verify.points) > 1 and bool(self.draft.points))
         return True
@@ -574,9 +634,9 @@ class StreamMonitor(DriftMonitor):
         `depths` and the `trees` (each the median of `repeats`, after one warm-up). Costs learned
         from real steps replace these as they come."""
         verify, plain = verify_cost(target, context, list(sizes), repeats=repeats)
-        self.verify.add(1, plain)
+        self.verify.add(1, plain, provisional=True)
         for n, seconds in verify.items():
-            self.verify.add(n, seconds)
+            self.verify.add(n, seconds, provisional=True)
         shapes = [TreeShape.chain(d) for d in depths] + list(trees)
         updates = (repeats + 1) * len(shapes)  # one new position per timed draft, as in decoding
         ids = torch.arange(context + updates + 1) % target.vocab_size
@@ -594,8 +654,9 @@ class StreamMonitor(DriftMonitor):
                 fed += 1
             seconds = statistics.median(samples[1:])  # the first is a warm-up
             if shape.is_chain:
-                self.draft.add(shape.depth, seconds)
+                self.draft.add(shape.depth, seconds, provisional=True)
             else:
                 self.tree_draft[shape_key(shape)] = seconds
+                self.provisional_trees.add(shape_key(shape))
         proposer.reset()
         self.calibrated = True

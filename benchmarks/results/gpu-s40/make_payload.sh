@@ -15,7 +15,7 @@ mkdir -p .dev1 .dev2 /tmp/payload
 grep -qx '/.dev1/' .git/info/exclude || printf '/.dev1/\n/.dev2/\n' >> .git/info/exclude
 [ -f /tmp/payload/target.gguf.xz ] || xz -9 -T2 -c "$G" > /tmp/payload/target.gguf.xz
 tar -cf .dev1/corpus.tar corpus
-INIT_CKPT=${INIT_CKPT:-smollm2-135m-instruct-eagle3.1-round17}  # the drafter the GPU rounds continue
+INIT_CKPT=${INIT_CKPT:-smollm2-135m-instruct-eagle3.1}  # the drafter the GPU rounds continue (the release: round 17 since session 41)
 tar -cJf .dev1/ckpt.tar.xz -C checkpoints --transform "s|^$INIT_CKPT|init|" "$INIT_CKPT"
 pip download -q --no-deps gguf==0.19.0 -d .dev1
 cp benchmarks/results/gpu-s40/device_tests.sh .dev1/tests.sh
