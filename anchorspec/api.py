@@ -188,7 +188,7 @@ class Engine:
                                seed=seed, stop_token_ids=self.stop_token_ids())
         if speculative and self.proposer is not None:
             base = shape or self.shape_for(cfg.sampling)
-            # a measured shape keeps being checked against its runner-up; a given or tuned one is kept
+            # a measured shape keeps being checked against the other candidates; a given or tuned one is kept
             measured = shape is None and self.shape_source.startswith("measured")
             self.proposer.prune = prune
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,

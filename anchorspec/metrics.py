@@ -20,7 +20,7 @@ class GenerationStats:
     verify_s: float = 0.0
     total_s: float = 0.0
     fallback_switches: int = 0  # switches between speculative and plain steps (decode/fallback.py)
-    explored_steps: int = 0  # steps drafted with the runner-up of a measured shape (StreamMonitor.explore)
+    explored_steps: int = 0  # steps drafted with another candidate than the measured shape (StreamMonitor.explore)
 
     def record_step(self, draft_depth: int, drafted: int, accepted: int) -> None:
         self.verify_steps += 1

@@ -331,7 +331,7 @@ class SpeculativeDecoding:
         """To the end; with `fallback`, steps go plain while it says speculation does not pay
         (decode/fallback.py), and its costs and acceptance learn from every step. `explore` (the
         candidate trees; None: off): the sequence's shape was measured, not given, so now and then a
-        step drafts the runner-up shape to keep the costs that chose it current (StreamMonitor.explore)."""
+        step drafts another candidate, to keep the costs that chose the shape current (StreamMonitor.explore)."""
         if fallback is None or not fallback.enabled or self.proposer is None:
             while not self.finished:
                 self.step()
