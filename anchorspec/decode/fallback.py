@@ -418,7 +418,11 @@ class StreamMonitor(DriftMonitor):
     """The drift monitor for one stream at a time (see the module docstring). `verify` and `draft`
     are the per-step cost curves; `forward` / `drafting` of the round-based parent stay unused."""
 
-    def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
+    # min_steps 8, not the server's 4: a stream's switch-off waits for 8 verified drafts. On 48 MT-bench
+    # first turns (3 runs of 16, bf16, session 41) round 17 ran at 1.73-1.87x the plain loop (median)
+    # against 1.58-1.80x with 4: four drafts of a weak opening switched a tau-2.7 drafter off, and a
+    # random drafter stayed level (1.02-1.03x against 0.99-1.02x). benchmarks/results/s41/fallback_window.py
+    def __init__(self, window: int = 16, min_steps: int = 8, retry_after: int = 32, global_window: int = 128,
                  threshold: float | None = None, enabled: bool = True, smoothing: float = 0.2,
                  global_min_steps: int = 32, max_retry_after: int | None = None):
         super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing,
