@@ -141,6 +141,13 @@ def _add_device(p) -> None:
                         "ANCHORSPEC_TEST_DEVICE=cuda runs them on a GPU)")
 
 
+def _resolved_device(name: str) -> str:
+    """--device checked before anything loads (cuda without a GPU is one line); `auto` made concrete."""
+    from .models.dtype import resolve_device
+
+    return str(resolve_device(name))
+
+
 def _add_shape(p, default: str) -> None:
     """--chain / --tree: the draft shape; `default` says what is used without either."""
     group = p.add_mutually_exclusive_group()
@@ -298,9 +305,7 @@ def cmd_regenerate(args) -> int:
     if not args.target and not args.endpoint:
         raise AnchorspecError("regenerate needs --target (answer locally) or --endpoint URL (through a server)")
     if not args.endpoint:
-        from .models.dtype import resolve_device
-
-        resolve_device(args.device)  # cuda without a GPU: one line before the prompts are read
+        args.device = _resolved_device(args.device)  # before the prompts are read
     if (args.turns == "later") != bool(args.continue_from):
         raise AnchorspecError("--turns later and --continue-from CORPUS_DIR go together (the corpus holds the "
                               "first replies that the later turns follow)")
@@ -385,9 +390,7 @@ def cmd_train(args) -> int:
     if args.init_from and not (Path(args.init_from) / "config.json").is_file():
         raise AnchorspecError(f"--init-from {args.init_from} is not a drafter directory (no config.json)")
     _set_threads(args.threads)
-    from .models.dtype import resolve_device
-
-    args.device = str(resolve_device(args.device))  # a clear line for cuda without a GPU; auto made concrete
+    args.device = _resolved_device(args.device)
     dtype = _resolved_dtype_name(args)  # `auto` -> the autocast dtype that is fast here, same meaning as before
     cfg = TrainConfig(
         target=args.target, data=list(args.data), out=args.out, variant=args.variant, ttt_steps=args.ttt_steps,
@@ -441,9 +444,7 @@ def cmd_synth_prompts(args) -> int:
         raise AnchorspecError(f"--temperature must be > 0 (queries are sampled), got {args.temperature}")
     if Path(args.out).is_dir():
         raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
-    from .models.dtype import resolve_device
-
-    resolve_device(args.device)  # cuda without a GPU: one line before anything loads
+    args.device = _resolved_device(args.device)
     eval_filter = EvalFilter.from_data_dir(args.eval_data) if args.eval_data else None
     _set_threads(args.threads)
     target = load_target(args.target, args.dtype, device=args.device)

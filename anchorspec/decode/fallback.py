@@ -557,19 +557,18 @@ class StreamMonitor(DriftMonitor):
         only from the calibration: of those expected at least EXPLORE_FLOOR of `current`'s speed, the
         one drafted least recently (the fastest of those never drafted). None otherwise. Any shape is lossless: only speed is at stake."""
         self.clock += 1
-        if self.clock % EXPLORE_EVERY:
-            self.last_drafted[shape_key(current)] = self.clock
-            return None
-        kept = self.speedup(current)
-        plausible = [s for s in self.candidates(trees=trees) if s != current and kept is not None
-                     and (self.speedup(s) or 0.0) >= EXPLORE_FLOOR * kept]
-        if not plausible:
-            self.last_drafted[shape_key(current)] = self.clock
-            return None
-        pick = min(plausible, key=lambda s: (self.last_drafted.get(shape_key(s), -1), -self.speedup(s)))
-        self.last_drafted[shape_key(pick)] = self.clock
-        self.explored += 1
+        pick = self._least_recent_plausible(current, trees) if self.clock % EXPLORE_EVERY == 0 else None
+        self.last_drafted[shape_key(pick or current)] = self.clock
+        self.explored += pick is not None
         return pick
+
+    def _least_recent_plausible(self, current: TreeShape, trees) -> TreeShape | None:
+        kept = self.speedup(current)
+        if kept is None:
+            return None
+        plausible = [s for s in self.candidates(trees=trees)
+                     if s != current and (self.speedup(s) or 0.0) >= EXPLORE_FLOOR * kept]
+        return min(plausible, key=lambda s: (self.last_drafted.get(shape_key(s), -1), -self.speedup(s)), default=None)
 
     # --- memory across processes ----------------------------------------------------------------
     def state(self) -> dict:
