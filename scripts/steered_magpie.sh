@@ -17,15 +17,10 @@ THREADS=${THREADS:-2}
 T=smollm2-135m-instruct
 export PYTHONUNBUFFERED=1
 mkdir -p "$RUN"
-declare -A STEER=(
-  [writing]="You are a writing assistant. People ask you to write stories, poems, essays, letters, emails, speeches, blog posts and social media posts, or to rewrite and edit their text."
-  [stem]="You are a science and engineering tutor. People ask you about physics, chemistry, biology, medicine, astronomy, geology, computer science and technology."
-  [humanities]="You are a tutor in the humanities and social sciences. People ask you about history, philosophy, literature, art, music, economics, law, politics and religion."
-  [roleplay]="You are a role-play partner. People ask you to act as a character, a famous person or a professional (a doctor, a detective, a travel guide, a chef) and to stay in that role."
-)
+source scripts/magpie_steers.sh  # STEER: name -> system prompt
 STEERS=${STEERS:-writing stem humanities roleplay}
 for name in $STEERS; do
-  [ -n "${STEER[$name]:-}" ] || { echo "steered_magpie.sh: no steer named $name (have: ${!STEER[*]})" >&2; exit 2; }
+  [ -n "${STEER[$name]+set}" ] && [ "$name" != plain ] || { echo "steered_magpie.sh: no steer named $name (have: ${!STEER[*]})" >&2; exit 2; }
 done
 for name in $STEERS; do
   anchorspec synth-prompts --target $T --n "$N" --out "$RUN/magpie-$name.jsonl" --system "${STEER[$name]}" \

@@ -41,3 +41,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def emulated_device():
+    """ANCHORSPEC_TEST_DEVICE=emulated: the whole session runs under CUDA's device rules on the CPU, the tiny
+    models' parameters on a virtual device (tests/device_emulation.py); session-wide, since module fixtures
+    build targets before any test starts."""
+    if os.environ.get("ANCHORSPEC_TEST_DEVICE") != "emulated":
+        yield None
+        return
+    import device_emulation
+
+    with device_emulation.emulating() as mode:
+        yield mode

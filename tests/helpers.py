@@ -10,6 +10,7 @@ import transformers
 from anchorspec.decode.tree import DraftTree, TreeShape, build_dynamic_tree
 from anchorspec.models.attention import use_grouped_attention
 from anchorspec.models.target import Target
+from device_emulation import test_device
 
 VOCAB = 96
 # Six families with different blocks: Llama; Qwen2 (qkv bias); Qwen3 (q/k norm); Mistral; OLMo2
@@ -44,8 +45,9 @@ def tiny_target(family: str = "llama", dtype=torch.float64, seed: int = 0, peake
         model.get_output_embeddings().weight.mul_(peaked)
     if not stock:
         use_grouped_attention(model)
-    # ANCHORSPEC_TEST_DEVICE=cuda runs the tiny-model tests on a GPU (the device machine); unset: the CPU
-    return Target(model.to(dtype=dtype, device=os.environ.get("ANCHORSPEC_TEST_DEVICE", "cpu")).eval())
+    # ANCHORSPEC_TEST_DEVICE=cuda runs the tiny-model tests on a GPU (the device machine), =emulated on a
+    # CPU under CUDA's device rules (tests/device_emulation.py); unset: the CPU
+    return Target(test_device(model.to(dtype=dtype)).eval())
 
 
 class OracleProposer:
@@ -68,7 +70,7 @@ class OracleProposer:
 
     @torch.inference_mode()
     def _top(self, prefix: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.target.model(torch.tensor([prefix])).logits[0, -1]
+        logits = self.target.model(torch.tensor([prefix], device=self.target.embed_weight.device)).logits[0, -1]
         return torch.topk(logits, k).indices, -torch.arange(k, dtype=torch.float64)
 
     def propose(self, shape: TreeShape, params, generator) -> DraftTree:

@@ -122,7 +122,9 @@ def test_vanilla_loop_matches_hf_generate():
     prompt = prompts()[0]
     ours = generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=20)).token_ids
     # an explicit mask: otherwise HF infers padding from any prompt token equal to pad_token_id
-    hf = target.model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+    device = target.embed_weight.device
+    hf = target.model.generate(prompt[None].to(device), attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long,
+                                                                                 device=device),
                                max_new_tokens=20, do_sample=False, eos_token_id=None,
                                pad_token_id=0)[0, prompt.numel():].tolist()
     assert ours == hf

@@ -404,7 +404,7 @@ def test_tree_never_emits_zero_probability_tokens(dtype):
     v = 8
     parents = [-1, 0, 0, 0, 1, 1, 2]
     covered = 0
-    for _ in range(600):
+    for _ in range(1200):
         target = torch.stack([_rand_probs(g, v, 0.6, dtype) for _ in parents])
         tokens = [0]
         for node, par in enumerate(parents[1:], start=1):

@@ -52,11 +52,19 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a 1-D probability vector, on the generator's device (a CPU generator draws for a GPU
-    model too: the same seed gives the same stream wherever the model runs)."""
-    if generator is not None and probs.device != generator.device:
-        probs = probs.to(generator.device)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One draw from a 1-D probability vector (any non-negative weights): its float64 CDF, where the
+    vector is, inverted at one uniform of `generator`. torch.multinomial's law at a twelfth of its cost
+    over a 49k vocabulary on a CPU (3.3 ms a draw, measured in session 42, where per-row draws held a
+    512-row synth-prompts batch on a GPU to ~0.6 rounds/s), and no row copied off a GPU. The uniform
+    comes from the generator's device, so a CPU generator gives a GPU model the same stream."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    u = float(torch.rand((), generator=generator, dtype=torch.float64, device=device))
+    cdf = probs.to(torch.float64).cumsum(-1)
+    # right=True: token i covers [cdf[i-1], cdf[i]), so a zero-probability token's interval is empty
+    i = int(torch.searchsorted(cdf, cdf[-1:] * u, right=True))
+    if i >= cdf.numel():  # u * total rounded up to the total: the last token that has any probability
+        i = int(torch.nonzero(probs).max())
+    return i
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

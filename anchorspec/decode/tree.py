@@ -201,19 +201,19 @@ def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.
     children -inf: they are never kept or expanded, and expansion stops early once nothing is left.
     """
     k = shape.top_k
-    tokens = [int(t) for t in first_tokens[:k]]
-    scores = [float(s) for s in first_logp[:k]]
+    tokens = first_tokens[:k].tolist()  # the tree is host bookkeeping: one transfer per level, wherever the drafter runs
+    scores = first_logp[:k].double().tolist()
     parents = [-1] * len(tokens)  # -1 = root, indices otherwise refer to candidate list
     frontier = list(range(len(tokens)))
     for _level in range(2, shape.depth + 1):
         child_tokens, child_logp = yield frontier, [tokens[i] for i in frontier], [parents[i] for i in frontier]
         base = torch.tensor([scores[i] for i in frontier], dtype=torch.float64)[:, None]
-        cum = base + child_logp.to(torch.float64)
+        cum = (base + child_logp.to("cpu", torch.float64)).tolist()
         start = len(tokens)
         for row, parent in enumerate(frontier):
-            for col in range(child_tokens.shape[1]):
-                tokens.append(int(child_tokens[row, col]))
-                scores.append(float(cum[row, col]))
+            for col, token in enumerate(child_tokens[row].tolist()):
+                tokens.append(token)
+                scores.append(cum[row][col])
                 parents.append(parent)
         new = torch.tensor(scores[start:], dtype=torch.float64)
         best = torch.topk(new, min(k, new.numel())).indices.sort().values

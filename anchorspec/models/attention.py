@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .dtype import cached_verdict, machine_key
+from .dtype import cached_verdict, machine_key, on_cpu
 
 IMPLEMENTATION = "anchorspec_sdpa"  # the name the target's config carries once use_grouped_attention ran
 GQA, ROWS = "enable_gqa", "rows"
@@ -82,7 +82,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     boolean `mask` broadcast over heads ([B or 1, 1, T, L]) or None; returns [B, H, T, D]."""
     B, H, T, D = query.shape
     groups = H // key.shape[1]
-    if (groups > 1 and T == 1 and not is_causal and query.device.type == "cpu" and (mask is None or mask.shape[1] == 1)
+    if (groups > 1 and T == 1 and not is_causal and on_cpu(query) and (mask is None or mask.shape[1] == 1)
             and not torch.compiler.is_compiling()):
         form = one_row_form(query.device, query.dtype, key.shape[1], groups, D)
         return _one_row(query, key, value, mask, scale, form)
@@ -95,7 +95,7 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     """transformers' attention-function signature (AttentionInterface): grouped_attention on a CPU for
     decode and verify forwards; transformers' own SDPA function for the rest (a prefill's causal form
     without a mask, dropout, position biases, another device)."""
-    if (query.device.type != "cpu" or dropout or kwargs.get("position_bias") is not None
+    if (not on_cpu(query) or dropout or kwargs.get("position_bias") is not None
             or kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None
             or (attention_mask is None and query.shape[2] > 1)
             or (attention_mask is not None and attention_mask.shape[1] != 1)):

@@ -393,8 +393,7 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
-        if self._inv_freq.device != position_ids.device:
-            self._inv_freq = self._inv_freq.to(position_ids.device)
+        self._inv_freq = self._inv_freq.to(position_ids.device)  # a no-op once moved (float64: not a buffer)
         freqs = position_ids[..., None].to(torch.float32) * self._inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)

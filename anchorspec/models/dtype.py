@@ -236,6 +236,16 @@ def resolve_dtype(name: str, device: str = "cpu", shapes: tuple[int, int] | None
     return DTYPES[choice]
 
 
+# tests/device_emulation.py sets this to its virtual device's membership test: the CPU-only fast paths then
+# step aside for tensors on that device, as they do on a GPU
+virtual_device: Callable[[torch.Tensor], bool] | None = None
+
+
+def on_cpu(t: torch.Tensor) -> bool:
+    """Whether `t` is on the CPU, as the CPU-only fast paths (one-row grouped attention, chunked argmax) ask it."""
+    return t.device.type == "cpu" and not (virtual_device is not None and virtual_device(t))
+
+
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     """A --device value to a torch device: `auto` (or None) is CUDA when torch sees a GPU, else the CPU;
     `cuda` (or `cuda:N`) without a GPU is one clear line, not a CUDA stack trace later."""
@@ -314,7 +324,7 @@ def argmax_last(x: torch.Tensor, chunk_rows: int = 256) -> torch.Tensor:
     fp32 in chunks of rows (torch's CPU argmax has no vectorised bf16 kernel: 10x slower than fp32 on one
     row of a 49k vocabulary, measured; the chunks keep the fp32 copy small), and fp32 ones through
     ``max(-1).indices`` (the same first-index rule; 1.5-2x argmax's speed on [2048, 8192], measured)."""
-    if x.device.type != "cpu" or x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if not on_cpu(x) or x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return x.argmax(-1)
     if x.dtype == torch.float32:
         return x.max(-1).indices

@@ -4,7 +4,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 runs, out = Path(sys.argv[1]), Path(sys.argv[2])
-for name in ("a", "b"):
+for name in sys.argv[3:] or ("a", "b"):  # the runs to pack (session 42: one, "r18")
     src = runs / name
     if not (src / "final" / "model.safetensors").is_file():
         print(f"{name}: no final/ (see {name}.log)"); continue
