@@ -210,8 +210,8 @@ def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.
         base = torch.tensor([scores[i] for i in frontier], dtype=torch.float64)[:, None]
         cum = (base + child_logp.to("cpu", torch.float64)).tolist()
         start = len(tokens)
-        for row, parent in enumerate(frontier):
-            for col, token in enumerate(child_tokens[row].tolist()):
+        for row, (parent, children) in enumerate(zip(frontier, child_tokens.tolist())):
+            for col, token in enumerate(children):
                 tokens.append(token)
                 scores.append(cum[row][col])
                 parents.append(parent)
