@@ -17,7 +17,9 @@ Two protocols:
 - `--shape default`: what `anchorspec generate --drafter DIR` does with no options: the tuned shape
   if `anchorspec tune` ran, else the chain the measured costs favour, and the fallback to plain steps
   where speculation does not pay (each drafter keeps its own engine, so its costs and acceptance
-  accumulate over the prompts as they do in one process).
+  accumulate over the prompts as they do in one process). Each drafter's per-prompt rows also say
+  what the shape was chosen on (`expected`: each candidate's expected tau, step cost over a plain
+  step and speedup, StreamMonitor.estimates) and which shapes exploring drafted instead (`explored`).
 
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/bench_drafters.py \
         --drafter eagle3=checkpoints/smollm2-135m-instruct-eagle3 \
@@ -103,19 +105,28 @@ class Method:
         self.name, self.engine, self.kind, self.temperature = name, engine, kind, temperature
         self.options = options or {}  # extra Engine.generate arguments (a decoding option under test)
         self.rows = []
+        self.decisions = []  # per prompt: the candidates' expected speedups and the shapes explored (spec only)
         self.stats: GenerationStats | None = None
 
     def run(self, ids, max_new, seed):
         """(tokens, seconds, stats or None, the draft shape as "K,D,N" or None)."""
         if self.kind == "hf":
             tokens, dt = timed(hf_generate, self.engine, ids, max_new)
+            self.decisions.append({})
             return tokens, dt, None, None
-        shape = None
+        shape, monitor, decision = None, self.engine.monitor, {}
         if self.kind == "spec":  # what generate will draft with (shape_for is what it asks; asking twice is the same)
             s = self.engine.shape_for(SamplingParams(self.temperature))
             shape = f"{s.top_k},{s.depth},{s.total_tokens}"
+            # what the shape was chosen on, and (below) the candidates explored instead during the prompt
+            decision["expected"] = {k: {part: None if v is None else round(v, 4) for part, v in parts.items()}
+                                    for k, parts in monitor.estimates().items()}
+            explored = monitor.explored_shapes.copy()
         res, dt = timed(self.engine.generate, ids, max_new_tokens=max_new, temperature=self.temperature,
                         seed=seed, speculative=self.kind == "spec", **self.options)
+        if self.kind == "spec":
+            decision["explored"] = dict(monitor.explored_shapes - explored)
+        self.decisions.append(decision)
         return res.token_ids, dt, res.stats if self.kind == "spec" else None, shape
 
 
@@ -185,7 +196,8 @@ def main(argv=None) -> int:
             m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt, "shape": shape,
                            "tokens_per_s": len(tokens) / dt,
                            "speedup": (len(tokens) / dt) / (len(base_tokens) / base_dt),
-                           "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None})
+                           "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None,
+                           **m.decisions[-1]})
             if stats is not None:
                 m.stats = stats if m.stats is None else m.stats.merge(stats)
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,

@@ -8,6 +8,8 @@ curve; and a broken plain step inside the speculative loop is caught (negative c
 
 import json
 
+import math
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ import anchorspec.decode.engine as engine_module
 import anchorspec.decode.fallback as fallback_module
 from anchorspec.api import Engine
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
-from anchorspec.decode.fallback import (EXPLORE_EVERY, PRIOR_TREE_RATIO, TREE_CANDIDATES, TREE_PRIOR_WEIGHT,
+from anchorspec.decode.fallback import (COST_WINDOW, EXPLORE_EVERY, EXPLORE_FLOOR, PRIOR_TREE_RATIO, TREE_CANDIDATES, TREE_PRIOR_WEIGHT,
                                         DriftMonitor, StreamMonitor)
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
@@ -486,7 +488,7 @@ def test_a_step_that_compiled_is_no_cost_sample(counts_as_compile):
 
     target.forward_rows = slow_once
     # a fixed break-even: it speculates throughout; smoothing 0: a bucket keeps its first sample
-    monitor = StreamMonitor(threshold=1.0, smoothing=0.0)
+    monitor = StreamMonitor(threshold=1.0, smoothing=0.0, cost_window=None)
     res = generate_speculative(target, proposer, prompts()[0], GenerationConfig(max_new_tokens=20),
                                TreeShape.chain(3), fallback=monitor)
     assert res.token_ids == ref
@@ -514,12 +516,24 @@ def test_calibrated_costs_are_replaced_by_the_first_real_step():
     m.verify.add(16, 1.6, provisional=True)
     m.verify.add(16, 1.1)  # a real step: replaces the guess
     assert m.verify(16) == pytest.approx(1.1)
-    m.verify.add(16, 2.1)  # later real steps are averaged (smoothing 0.2)
-    assert m.verify(16) == pytest.approx(1.3)
+    m.verify.add(16, 2.1)  # later real steps: the median of the last COST_WINDOW
+    assert m.verify(16) == pytest.approx(1.6)
+    m.verify.add(16, 1.2)  # one slow step among three does not move it
+    assert m.verify(16) == pytest.approx(1.2)
+    for _ in range(COST_WINDOW):  # only the last COST_WINDOW count
+        m.verify.add(16, 1.0)
+    assert m.verify(16) == pytest.approx(1.0)
+    averaged = StreamMonitor(cost_window=None)  # the server's rule: moving averages (smoothing 0.2)
+    averaged.verify.add(16, 1.1)
+    averaged.verify.add(16, 2.1)
+    assert averaged.verify(16) == pytest.approx(1.3)
     m.tree_draft["4,4,16"], m.shape = 0.9, TreeShape(4, 4, 16)
     m.provisional_trees.add("4,4,16")
     StreamMonitor.observe_step(m, "speculative", 16, 4, 2, step_s=1.5, draft_s=0.3, top_ranked=1, top_depth=4)
     assert m.tree_draft["4,4,16"] == pytest.approx(0.3) and not m.provisional_trees
+    for draft_s in (0.9, 0.31):  # a tree's drafting time: the same median
+        StreamMonitor.observe_step(m, "speculative", 16, 4, 2, step_s=1.5, draft_s=draft_s, top_ranked=1, top_depth=4)
+    assert m.tree_draft["4,4,16"] == pytest.approx(0.31)
     fresh = StreamMonitor()  # which costs are guesses survives the trip through the costs file
     m.draft.add(3, 0.2, provisional=True)
     assert fresh.restore(m.state()) and fresh.draft.provisional == {3} and fresh.state() == m.state()
@@ -544,29 +558,65 @@ def simulate_stream(m: StreamMonitor, steps: int, explore: bool, prompt_steps: i
     return current
 
 
+def calibrated_monitor(tree_verify: float, provisional: bool = True) -> StreamMonitor:
+    """simulate_stream's machine as a calibration saw it, except the tree's 16-token verify (really 1.1 s),
+    priced `tree_verify`: by the calibration, or (`provisional` False) by one real step."""
+    m = StreamMonitor()
+    for n in range(1, 10):
+        m.verify.add(n, 1.0, provisional=True)
+    m.verify.add(16, tree_verify, provisional=provisional)
+    for d in (1, 4):
+        m.draft.add(d, 0.05 * d, provisional=True)
+    m.tree_draft["4,4,16"] = 0.25
+    m.provisional_trees.add("4,4,16")
+    m.calibrated = True
+    return m
+
+
 def test_exploring_corrects_a_stale_tree_cost_and_the_stream_returns_to_the_tree():
     """Session 40: the calibration priced the tree's 16-token verify far above what it costs, the
     stream drafted chains and never came back. With exploring, one real tree step corrects the
     price and the stream takes the tree; without (the negative control) it stays on chains."""
-    def calibrated():
-        m = StreamMonitor()
-        for n in range(1, 10):
-            m.verify.add(n, 1.0, provisional=True)
-        m.verify.add(16, 1.5, provisional=True)  # a slow patch during the calibration; really 1.1
-        for d in (1, 4):
-            m.draft.add(d, 0.05 * d, provisional=True)
-        m.tree_draft["4,4,16"] = 0.25
-        m.provisional_trees.add("4,4,16")
-        m.calibrated = True
-        return m
-
     tree = TreeShape(4, 4, 16)
-    stuck = calibrated()
+    stuck = calibrated_monitor(1.5)
     assert simulate_stream(stuck, 400, explore=False).is_chain and "4,4,16" not in stuck.trees
     assert stuck.verify(16) == pytest.approx(1.5)
-    explored = calibrated()
+    explored = calibrated_monitor(1.5)
     assert simulate_stream(explored, 400, explore=True) == tree
     assert explored.verify(16) == pytest.approx(1.1) and explored.explored > 0
+
+
+def old_explore_rule(m: StreamMonitor) -> StreamMonitor:
+    """Sessions 41-42's rule: the floor alone decides which candidates are explored."""
+    m.priced_on_calibration = lambda shape: False
+    m.explore_stale = math.inf
+    return m
+
+
+def test_a_tree_the_calibration_priced_under_the_floor_is_still_explored():
+    """Session 42's chains: the calibration priced the tree so high that it fell under EXPLORE_FLOOR of
+    the chain drafted, so it was never explored and its guess never replaced. A shape priced on the
+    calibration alone is explored anyway; under the floor-only rule (the control) the stream stays on chains."""
+    tree = TreeShape(4, 4, 16)
+    stuck = old_explore_rule(calibrated_monitor(2.2))
+    assert simulate_stream(stuck, 400, explore=True).is_chain and "4,4,16" not in stuck.trees
+    assert stuck.speedup(tree) < EXPLORE_FLOOR * stuck.speedup(stuck.choose_shape()[0])  # under the floor throughout
+    fixed = calibrated_monitor(2.2)
+    assert simulate_stream(fixed, 400, explore=True) == tree
+    assert fixed.verify(16) == pytest.approx(1.1) and fixed.explored_shapes["4,4,16"] >= 1
+
+
+def test_a_shape_left_on_one_unlucky_real_step_is_explored_again_once_stale():
+    """A real tree step that ran slow (2.0 s against 1.1) put the tree under the floor; the floor alone
+    (the control) never drafts it again, while staleness (EXPLORE_STALE explore calls) re-drafts it until
+    its cost has come back and the stream takes the tree."""
+    tree = TreeShape(4, 4, 16)
+    stuck = old_explore_rule(calibrated_monitor(2.0, provisional=False))
+    assert simulate_stream(stuck, 3000, explore=True).is_chain and stuck.verify(16) == pytest.approx(2.0)
+    fixed = calibrated_monitor(2.0, provisional=False)
+    assert simulate_stream(fixed, 3000, explore=True) == tree
+    # the tree was re-drafted as it went stale (at most once per EXPLORE_STALE calls) until it was plausible
+    assert fixed.explored_shapes["4,4,16"] >= 2 and fixed.verify(16) < 1.3
 
 
 @pytest.mark.parametrize("drafter", ["random", "oracle"])

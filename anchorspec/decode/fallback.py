@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import torch
@@ -114,10 +114,14 @@ class CostCurve:
     make the server forget what a batch-1 step costs. Between two measured points cost never falls
     (a falling segment is flat); a measured point is its own cost, even below a smaller one's."""
 
-    def __init__(self, smoothing: float):
+    def __init__(self, smoothing: float, window: int | None = None):
+        """`window`: each bucket's point is the median of its last `window` samples, not a moving
+        average (a stream's: see COST_WINDOW)."""
         self.smoothing = smoothing
-        self.points: dict[int, list[float]] = {}  # bucket -> [mean x, mean y]
+        self.window = window
+        self.points: dict[int, list[float]] = {}  # bucket -> [mean x, mean y] (with a window: medians)
         self.provisional: set[int] = set()  # buckets whose point came from a calibration, not real work
+        self.samples: dict[int, deque] = {}  # bucket -> its last `window` real (x, y) (with a window)
 
     def add(self, x: float, y: float, provisional: bool = False) -> None:
         """Learn that work x cost y. `provisional`: a calibration's figure, which the first real one
@@ -129,6 +133,13 @@ class CostCurve:
             self.provisional.discard(bucket)
             if provisional:
                 self.provisional.add(bucket)
+            if self.window:
+                self.samples[bucket] = deque([] if provisional else [(float(x), float(y))], maxlen=self.window)
+        elif self.window:  # a point restored from a costs file counts as one sample
+            recent = self.samples.setdefault(bucket, deque([tuple(point)], maxlen=self.window))
+            recent.append((float(x), float(y)))
+            point[0] = statistics.median(a for a, _ in recent)
+            point[1] = statistics.median(b for _, b in recent)
         else:
             point[0] += self.smoothing * (x - point[0])
             point[1] += self.smoothing * (y - point[1])
@@ -406,6 +417,18 @@ SHAPE_MARGIN = 0.05  # choose_shape keeps the current shape unless another is ex
 # wrong is the one never drafted. A step in 16 at >= 0.8x costs at most ~1.3 % of the speed.
 EXPLORE_EVERY = 16
 EXPLORE_FLOOR = 0.8
+# The floor trusts the estimates, and two kinds are not worth trusting: one that rests on the calibration
+# alone (its few timed forwards priced the tree's verify 33 % over a real step in session 40), and one not
+# refreshed for long, which may rest on a single unlucky step. So a candidate whose verify (or a tree's
+# drafting) cost is still the calibration's is plausible whatever its estimate (one step each, once per
+# machine where the costs are kept), and so is one not drafted in the last EXPLORE_STALE explore() calls
+# of this process (at most one step in EXPLORE_STALE per candidate).
+EXPLORE_STALE = 256
+# A stream's costs are the median of each size's last COST_WINDOW real steps, not a moving average: a
+# step here and there runs 30-50 % slow on a shared host (a 16-token verify: 55 ms median, 72 ms worst of
+# 142 steps, session 43), and a candidate drafted only when explored has few samples. With a moving
+# average (0.2) one slow step moved an estimate 6-10 % and the stream hopped between the tree and chains.
+COST_WINDOW = 9
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
 STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
 
@@ -424,21 +447,27 @@ class StreamMonitor(DriftMonitor):
     # random drafter stayed level (1.02-1.03x against 0.99-1.02x). benchmarks/results/s41/fallback_window.py
     def __init__(self, window: int = 16, min_steps: int = 8, retry_after: int = 32, global_window: int = 128,
                  threshold: float | None = None, enabled: bool = True, smoothing: float = 0.2,
-                 global_min_steps: int = 32, max_retry_after: int | None = None):
+                 global_min_steps: int = 32, max_retry_after: int | None = None, cost_window: int | None = COST_WINDOW):
+        """`cost_window`: costs are the median of each size's last `cost_window` steps (None: moving
+        averages with `smoothing`, as the server's)."""
         super().__init__(window, min_steps, retry_after, global_window, threshold, enabled, smoothing,
                          global_min_steps, max_retry_after)
-        self.verify, self.draft = CostCurve(smoothing), CostCurve(smoothing)  # seconds per step of N tokens / depth d
-        self.smoothing = smoothing
+        # seconds per step of N tokens / drafting depth d
+        self.verify, self.draft = CostCurve(smoothing, cost_window), CostCurve(smoothing, cost_window)
+        self.smoothing, self.cost_window = smoothing, cost_window
         self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
         self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted
         self.accepted: list[int] = []  # ... and whose depth-d token was accepted
         self.trees: dict[str, list[int]] = {}  # tree shape -> [steps, accepted, accepted by its top-1 chain]
-        self.tree_draft: dict[str, float] = {}  # tree shape -> seconds to draft it (moving average)
+        self.tree_draft: dict[str, float] = {}  # tree shape -> seconds to draft it (as the curves: median or average)
+        self.tree_draft_samples: dict[str, deque] = {}  # tree shape -> its last `cost_window` drafting times
         self.calibrated = False
         self.provisional_trees: set[str] = set()  # tree_draft entries from the calibration (CostCurve.add)
         self.clock = 0  # explore() calls: speculative steps of measured shapes
         self.last_drafted: dict[str, int] = {}  # shape -> clock of its latest step
         self.explored = 0  # steps drafted with another candidate than the stream's shape (this process)
+        self.explored_shapes: Counter[str] = Counter()  # ... of them, per shape drafted instead
+        self.explore_stale: float = EXPLORE_STALE  # inf: the floor alone decides (sessions 41-42's rule)
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
@@ -460,7 +489,14 @@ class StreamMonitor(DriftMonitor):
             key = shape_key(shape)
             if not catch_up and depth == shape.depth:
                 old = None if key in self.provisional_trees else self.tree_draft.get(key)
-                self.tree_draft[key] = draft_s if old is None else old + self.smoothing * (draft_s - old)
+                if self.cost_window:  # a time restored from a costs file counts as one sample
+                    recent = self.tree_draft_samples.get(key) if old is not None else None
+                    if recent is None:
+                        recent = self.tree_draft_samples[key] = deque([] if old is None else [old], maxlen=self.cost_window)
+                    recent.append(draft_s)
+                    self.tree_draft[key] = statistics.median(recent)
+                else:
+                    self.tree_draft[key] = draft_s if old is None else old + self.smoothing * (draft_s - old)
                 self.provisional_trees.discard(key)
             if top_ranked is None:
                 return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
@@ -554,21 +590,41 @@ class StreamMonitor(DriftMonitor):
         """Called before each speculative step drafted with the measured shape `current`: every
         EXPLORE_EVERY-th call, another of choose_shape's candidates (with `trees`) to draft this one
         step with instead, so that its costs and acceptance come from real steps of this run and not
-        only from the calibration: of those expected at least EXPLORE_FLOOR of `current`'s speed, the
-        one drafted least recently (the fastest of those never drafted). None otherwise. Any shape is lossless: only speed is at stake."""
+        only from the calibration: of those expected at least EXPLORE_FLOOR of `current`'s speed, still
+        priced on the calibration, or not drafted for EXPLORE_STALE calls, the one drafted least recently
+        (the fastest of those never drafted). None otherwise. Any shape is lossless: only speed is at stake."""
         self.clock += 1
         pick = self._least_recent_plausible(current, trees) if self.clock % EXPLORE_EVERY == 0 else None
         self.last_drafted[shape_key(pick or current)] = self.clock
         self.explored += pick is not None
+        if pick is not None:
+            self.explored_shapes[shape_key(pick)] += 1
         return pick
+
+    def priced_on_calibration(self, shape: TreeShape) -> bool:
+        """Whether `shape`'s verify cost (a tree's: or its drafting cost) is still the calibration's guess."""
+        return (cost_bucket(shape.total_tokens) in self.verify.provisional
+                or (not shape.is_chain and shape_key(shape) in self.provisional_trees))
+
+    def estimates(self, trees=TREE_CANDIDATES) -> dict[str, dict[str, float | None]]:
+        """What choose_shape and explore decide on, for a benchmark to show: by shape key, each
+        candidate's expected tokens per step (`tau`), step cost over a plain step (`cost`; None: a cost
+        unknown) and their ratio (`speedup`)."""
+        return {shape_key(s): {"tau": self.expected_shape_tau(s), "cost": self.relative_step_cost(s),
+                               "speedup": self.speedup(s)} for s in self.candidates(trees=trees)}
 
     def _least_recent_plausible(self, current: TreeShape, trees) -> TreeShape | None:
         kept = self.speedup(current)
         if kept is None:
             return None
-        plausible = [s for s in self.candidates(trees=trees)
-                     if s != current and (self.speedup(s) or 0.0) >= EXPLORE_FLOOR * kept]
-        return min(plausible, key=lambda s: (self.last_drafted.get(shape_key(s), -1), -self.speedup(s)), default=None)
+
+        def plausible(s: TreeShape) -> bool:
+            return ((self.speedup(s) or 0.0) >= EXPLORE_FLOOR * kept or self.priced_on_calibration(s)
+                    or self.clock - self.last_drafted.get(shape_key(s), 0) >= self.explore_stale)
+
+        picks = [s for s in self.candidates(trees=trees) if s != current and plausible(s)]
+        return min(picks, key=lambda s: (self.last_drafted.get(shape_key(s), -1), -(self.speedup(s) or 0.0)),
+                   default=None)
 
     # --- memory across processes ----------------------------------------------------------------
     def state(self) -> dict:
@@ -603,10 +659,12 @@ class StreamMonitor(DriftMonitor):
                 or any(len(v) != 3 or min(v) < 0 for v in trees.values()) or any(y <= 0 for y in tree_draft.values())):
             return False
         for curve, points, guessed in ((self.verify, verify, guesses["verify"]), (self.draft, draft, guesses["draft"])):
+            curve.samples.clear()
             for x, y in points:
                 curve.points[cost_bucket(x)] = [x, y]
             curve.provisional = guessed & set(curve.points)
         self.reached, self.accepted, self.trees, self.tree_draft = reached, accepted, trees, tree_draft
+        self.tree_draft_samples.clear()
         self.provisional_trees = guessed_trees & set(tree_draft)
         self.calibrated = self.calibrated or (
             cost_bucket(1) in self.verify.points and len(self.verify.points) > 1 and bool(self.draft.points))
