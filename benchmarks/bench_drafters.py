@@ -105,15 +105,14 @@ class Method:
         self.name, self.engine, self.kind, self.temperature = name, engine, kind, temperature
         self.options = options or {}  # extra Engine.generate arguments (a decoding option under test)
         self.rows = []
-        self.decisions = []  # per prompt: the candidates' expected speedups and the shapes explored (spec only)
         self.stats: GenerationStats | None = None
 
     def run(self, ids, max_new, seed):
-        """(tokens, seconds, stats or None, the draft shape as "K,D,N" or None)."""
+        """(tokens, seconds, stats or None, the draft shape as "K,D,N" or None, what the shape was chosen
+        on: {} unless spec)."""
         if self.kind == "hf":
             tokens, dt = timed(hf_generate, self.engine, ids, max_new)
-            self.decisions.append({})
-            return tokens, dt, None, None
+            return tokens, dt, None, None, {}
         shape, monitor, decision = None, self.engine.monitor, {}
         if self.kind == "spec":  # what generate will draft with (shape_for is what it asks; asking twice is the same)
             s = self.engine.shape_for(SamplingParams(self.temperature))
@@ -126,8 +125,7 @@ class Method:
                         seed=seed, speculative=self.kind == "spec", **self.options)
         if self.kind == "spec":
             decision["explored"] = dict(monitor.explored_shapes - explored)
-        self.decisions.append(decision)
-        return res.token_ids, dt, res.stats if self.kind == "spec" else None, shape
+        return res.token_ids, dt, res.stats if self.kind == "spec" else None, shape, decision
 
 
 def main(argv=None) -> int:
@@ -190,14 +188,14 @@ def main(argv=None) -> int:
         for m in order:
             gc.collect()
             out[m.name] = m.run(ids, args.max_new_tokens, seed=i)
-        base_tokens, base_dt, _, _ = out["hf_generate"]
+        base_tokens, base_dt, *_ = out["hf_generate"]
         for m in methods:
-            tokens, dt, stats, shape = out[m.name]
+            tokens, dt, stats, shape, decision = out[m.name]
             m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt, "shape": shape,
                            "tokens_per_s": len(tokens) / dt,
                            "speedup": (len(tokens) / dt) / (len(base_tokens) / base_dt),
                            "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None,
-                           **m.decisions[-1]})
+                           **decision})
             if stats is not None:
                 m.stats = stats if m.stats is None else m.stats.merge(stats)
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,

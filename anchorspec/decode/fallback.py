@@ -465,8 +465,8 @@ class StreamMonitor(DriftMonitor):
         self.provisional_trees: set[str] = set()  # tree_draft entries from the calibration (CostCurve.add)
         self.clock = 0  # explore() calls: speculative steps of measured shapes
         self.last_drafted: dict[str, int] = {}  # shape -> clock of its latest step
-        self.explored = 0  # steps drafted with another candidate than the stream's shape (this process)
-        self.explored_shapes: Counter[str] = Counter()  # ... of them, per shape drafted instead
+        # steps drafted with another candidate than the stream's shape (this process), per shape drafted instead
+        self.explored_shapes: Counter[str] = Counter()
         self.explore_stale: float = EXPLORE_STALE  # inf: the floor alone decides (sessions 41-42's rule)
 
     # --- costs ----------------------------------------------------------------------------------
@@ -596,10 +596,14 @@ class StreamMonitor(DriftMonitor):
         self.clock += 1
         pick = self._least_recent_plausible(current, trees) if self.clock % EXPLORE_EVERY == 0 else None
         self.last_drafted[shape_key(pick or current)] = self.clock
-        self.explored += pick is not None
         if pick is not None:
             self.explored_shapes[shape_key(pick)] += 1
         return pick
+
+    @property
+    def explored(self) -> int:
+        """Steps drafted with another candidate than the stream's shape (this process)."""
+        return sum(self.explored_shapes.values())
 
     def priced_on_calibration(self, shape: TreeShape) -> bool:
         """Whether `shape`'s verify cost (a tree's: or its drafting cost) is still the calibration's guess."""
