@@ -83,6 +83,9 @@ def parse_args(argv=None):
     p.add_argument("--option", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                    help="also run each drafter with these Engine.generate arguments, e.g. staged1:staged=1, "
                         "drift:prune=drift, pid:depth_control=pid (values that look like integers are integers)")
+    p.add_argument("--monitor", action="append", default=[], metavar="NAME:ATTR=VALUE[,ATTR=VALUE]",
+                   help="set StreamMonitor attributes on drafter NAME's engine (a shape-choice rule under test), "
+                        "e.g. --drafter a=DIR --drafter b=DIR --monitor b:follow_pace=0")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -94,7 +97,7 @@ def parse_option(text: str) -> tuple[str, dict]:
         key, _, value = pair.partition("=")
         kwargs[key] = int(value) if value.lstrip("-").isdigit() else value
     if not name or not kwargs:
-        raise SystemExit(f"--option {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+        raise SystemExit(f"{text!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
     return name, kwargs
 
 
@@ -125,6 +128,7 @@ class Method:
                         seed=seed, speculative=self.kind == "spec", **self.options)
         if self.kind == "spec":
             decision["explored"] = dict(monitor.explored_shapes - explored)
+            decision["pace"] = round(monitor.pace(), 4)  # how slow the host ran against the costs' unit
         return res.token_ids, dt, res.stats if self.kind == "spec" else None, shape, decision
 
 
@@ -141,6 +145,10 @@ def main(argv=None) -> int:
     defaults = args.shape == "default"
     tree = None if defaults else TreeShape(*(int(x) for x in args.shape.split(",")))
     options = [parse_option(text) for text in args.option]  # bad text fails before any drafter loads
+    rules = dict(parse_option(text) for text in args.monitor)
+    unknown = set(rules) - {name for name, _ in named_drafters(args.drafter)}
+    if unknown:
+        raise SystemExit(f"--monitor names no --drafter: {', '.join(sorted(unknown))}")
     methods = [Method("hf_generate", stock, "hf")] + ([Method("anchorspec_plain", engine, "plain")] if args.plain else [])
     aux_layers = None
     for name, path in named_drafters(args.drafter):
@@ -152,8 +160,12 @@ def main(argv=None) -> int:
         for temperature in (0.0, 1.0) if args.temperature1 else (0.0,):
             suffix = "@T=1" if temperature else ""
             for label, kwargs in [(name, {})] + [(f"{name}+{o}", kw) for o, kw in options]:
-                methods.append(Method(label + suffix, Engine(target, d, shape=tree, fallback=defaults), "spec",
-                                      temperature, kwargs))
+                spec = Engine(target, d, shape=tree, fallback=defaults)
+                for attr, value in rules.get(name, {}).items():
+                    if not hasattr(spec.monitor, attr):
+                        raise SystemExit(f"--monitor {name}:{attr}: StreamMonitor has no attribute {attr!r}")
+                    setattr(spec.monitor, attr, value)
+                methods.append(Method(label + suffix, spec, "spec", temperature, kwargs))
     compiled = None
     if args.compile:  # twins of the greedy project methods on a compiled copy of the target
         compiled = load_target(args.target, dtype, pack="off")

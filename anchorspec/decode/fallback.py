@@ -60,7 +60,9 @@ tree's from its top-1 chain's, scaled by what the tree's own steps accepted beyo
 The calibration's figures are guesses that the first real step of that size replaces, and a measured
 shape is checked against the other candidates as it runs: every EXPLORE_EVERY steps one step drafts
 the plausible candidate drafted least recently (`StreamMonitor.explore`), so that a shape left early
-on noisy costs is priced again from real steps.
+on noisy costs is priced again from real steps. A stream's costs are relative, not seconds: each
+step's time is divided by the stream's pace (how much slower than usual its own shape's recent steps
+ran: PACE_WINDOW), so that a candidate explored while the host runs slow is not priced as slow.
 What a stream learned (`StreamMonitor.state`) outlives its process: `anchorspec.load` keeps it per
 target, drafter, dtype and machine (decode/shape.py: costs_path), so the next run starts from real
 steps' costs and the drafter's measured acceptance instead of a short, noisy calibration.
@@ -429,6 +431,16 @@ EXPLORE_STALE = 256
 # 142 steps, session 43), and a candidate drafted only when explored has few samples. With a moving
 # average (0.2) one slow step moved an estimate 6-10 % and the stream hopped between the tree and chains.
 COST_WINDOW = 9
+# The host's speed drifts: the same tree step took 57-77 ms from prompt to prompt (session 43), and a
+# candidate drafted only when explored was priced at another moment's speed than the shape beside it
+# (the tree over chain 4: 0.91-1.28 within one run, 1.15 measured quietly). So a stream's costs are kept
+# in a unit its own shape defines: the median of the shape's first PACE_WINDOW steps as the stream's shape
+# (at the pace then in force: seconds for the first shape), held fixed while it stays. Every step's time
+# is divided by the pace, how much slower than that the shape's last PACE_WINDOW steps ran (median), so an
+# explored step is priced against its neighbours, not against the time of day. (A pace from costs that
+# the paced steps themselves update has no fixed unit: it wandered 70 % in a simulated stream. A unit
+# from one step set every later cost by that step's noise.)
+PACE_WINDOW = 8
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
 STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
 
@@ -459,15 +471,18 @@ class StreamMonitor(DriftMonitor):
         self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted
         self.accepted: list[int] = []  # ... and whose depth-d token was accepted
         self.trees: dict[str, list[int]] = {}  # tree shape -> [steps, accepted, accepted by its top-1 chain]
-        self.tree_draft: dict[str, float] = {}  # tree shape -> seconds to draft it (as the curves: median or average)
-        self.tree_draft_samples: dict[str, deque] = {}  # tree shape -> its last `cost_window` drafting times
+        # tree shape -> its drafting time, a curve over its depth (one point; provisional: the calibration's)
+        self.tree_draft: dict[str, CostCurve] = {}
         self.calibrated = False
-        self.provisional_trees: set[str] = set()  # tree_draft entries from the calibration (CostCurve.add)
         self.clock = 0  # explore() calls: speculative steps of measured shapes
         self.last_drafted: dict[str, int] = {}  # shape -> clock of its latest step
         # steps drafted with another candidate than the stream's shape (this process), per shape drafted instead
         self.explored_shapes: Counter[str] = Counter()
         self.explore_stale: float = EXPLORE_STALE  # inf: the floor alone decides (sessions 41-42's rule)
+        self.follow_pace = True  # False: costs in seconds as measured (session 43's rule)
+        self.pace_samples: deque = deque(maxlen=PACE_WINDOW)  # the shape's recent steps' time over its unit cost
+        self.unit: tuple[str, float] | None = None  # the shape that sets the pace, and its cost held fixed
+        self.unit_steps: list[tuple[str, float]] = []  # a new shape's first steps (paced), measuring its unit
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
@@ -479,25 +494,26 @@ class StreamMonitor(DriftMonitor):
         `top_ranked`, `top_depth`: of a tree's accepted nodes, how many lay on its top-1 chain, and
         that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it).
         `shape`: the shape the step drafted with (None: the stream's; explore() picks others)."""
+        if kind not in ("plain", "speculative"):
+            return
+        shape = shape if shape is not None else self.shape
+        tree = shape is not None and not shape.is_chain and kind == "speculative"
+        # what the draft's cost is learned as: a tree's own drafting time at its depth, or a chain's
+        draft_curve = None if catch_up else self.tree_draft_curve(shape) if tree and depth == shape.depth else (
+            None if tree else self.draft)
+        pace = self.pace()
+        if (self.follow_pace and kind == "speculative" and shape == self.shape and draft_curve is not None
+                and depth == shape.depth and tokens == shape.total_tokens):  # a full step of the stream's shape
+            self._keep_pace(shape, step_s, pace)
+        step_s, draft_s = step_s / pace, draft_s / pace
         if kind == "plain":
             self.verify.add(1, step_s)
-        if kind != "speculative":
             return
         self.verify.add(tokens, step_s - draft_s)
-        shape = shape if shape is not None else self.shape
-        if shape is not None and not shape.is_chain:
+        if draft_curve is not None:
+            draft_curve.add(depth, draft_s)
+        if tree:
             key = shape_key(shape)
-            if not catch_up and depth == shape.depth:
-                old = None if key in self.provisional_trees else self.tree_draft.get(key)
-                if self.cost_window:  # a time restored from a costs file counts as one sample
-                    recent = self.tree_draft_samples.get(key) if old is not None else None
-                    if recent is None:
-                        recent = self.tree_draft_samples[key] = deque([] if old is None else [old], maxlen=self.cost_window)
-                    recent.append(draft_s)
-                    self.tree_draft[key] = statistics.median(recent)
-                else:
-                    self.tree_draft[key] = draft_s if old is None else old + self.smoothing * (draft_s - old)
-                self.provisional_trees.discard(key)
             if top_ranked is None:
                 return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
             counts = self.trees.setdefault(key, [0, 0, 0])
@@ -505,14 +521,35 @@ class StreamMonitor(DriftMonitor):
             counts[1] += accepted
             counts[2] += top_ranked
             accepted, depth = top_ranked, top_depth if top_depth is not None else depth  # its top-1 chain's step
-        elif not catch_up:
-            self.draft.add(depth, draft_s)
         while len(self.reached) < depth:
             self.reached.append(0)
             self.accepted.append(0)
         for d in range(1, depth + 1):
             self.reached[d - 1] += accepted >= d - 1
             self.accepted[d - 1] += accepted >= d
+
+    def pace(self) -> float:
+        """How much slower than its unit cost the stream's shape ran its last PACE_WINDOW steps (PACE_WINDOW's
+        comment; 1 before any, or with follow_pace off): what a new step's time is divided by."""
+        return statistics.median(self.pace_samples) if self.follow_pace and self.pace_samples else 1.0
+
+    def _keep_pace(self, shape: TreeShape, step_s: float, pace: float) -> None:
+        key = shape_key(shape)
+        if self.unit is None or self.unit[0] != key:  # a new shape: its first steps, at the pace in force, are its unit
+            if self.unit_steps and self.unit_steps[0][0] != key:
+                self.unit_steps = []
+            self.unit_steps.append((key, step_s / pace))
+            if len(self.unit_steps) < PACE_WINDOW:
+                return
+            self.unit, self.unit_steps = (key, statistics.median(t for _, t in self.unit_steps)), []
+        self.pace_samples.append(step_s / self.unit[1])
+
+    def tree_draft_curve(self, shape: TreeShape) -> CostCurve:
+        """The drafting time of tree `shape`, learned like the chains' (one point, at its depth)."""
+        key = shape_key(shape)
+        if key not in self.tree_draft:
+            self.tree_draft[key] = CostCurve(self.smoothing, self.cost_window)
+        return self.tree_draft[key]
 
     def acceptance(self, depth: int) -> float:
         """P(the depth-d token is accepted | depth d - 1 was): measured, shrunk toward the prior; a
@@ -548,7 +585,8 @@ class StreamMonitor(DriftMonitor):
         return chain if shape.is_chain else 1 + (chain - 1) * self.tree_ratio(shape)
 
     def draft_cost(self, shape) -> float | None:
-        return self.draft(shape.depth) if shape.is_chain else self.tree_draft.get(shape_key(shape))
+        curve = self.draft if shape.is_chain else self.tree_draft.get(shape_key(shape))
+        return None if curve is None else curve(shape.depth)
 
     def relative_step_cost(self, shape) -> float | None:
         """A speculative step with `shape` (drafting, then a verify priced at no less than a plain step)
@@ -607,8 +645,8 @@ class StreamMonitor(DriftMonitor):
 
     def priced_on_calibration(self, shape: TreeShape) -> bool:
         """Whether `shape`'s verify cost (a tree's: or its drafting cost) is still the calibration's guess."""
-        return (cost_bucket(shape.total_tokens) in self.verify.provisional
-                or (not shape.is_chain and shape_key(shape) in self.provisional_trees))
+        drafting = None if shape.is_chain else self.tree_draft.get(shape_key(shape))
+        return cost_bucket(shape.total_tokens) in self.verify.provisional or bool(drafting and drafting.provisional)
 
     def estimates(self, trees=TREE_CANDIDATES) -> dict[str, dict[str, float | None]]:
         """What choose_shape and explore decide on, for a benchmark to show: by shape key, each
@@ -636,10 +674,11 @@ class StreamMonitor(DriftMonitor):
         return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
                 "draft": sorted(self.draft.points.values()), "reached": list(self.reached),
                 "accepted": list(self.accepted), "trees": {k: list(v) for k, v in self.trees.items()},
-                "tree_draft": dict(self.tree_draft),
+                "tree_draft": {k: c.points[cost_bucket(TreeShape.parse(k).depth)][1] for k, c in self.tree_draft.items()
+                               if c.points},
                 # which costs are still the calibration's (the first real step replaces them)
                 "provisional": {"verify": sorted(self.verify.provisional), "draft": sorted(self.draft.provisional),
-                                "trees": sorted(self.provisional_trees)}}
+                                "trees": sorted(k for k, c in self.tree_draft.items() if c.provisional)}}
 
     def restore(self, state: dict) -> bool:
         """Take up what an earlier process learned (`state()`): its costs stand in for the
@@ -652,7 +691,7 @@ class StreamMonitor(DriftMonitor):
             draft = [(float(x), float(y)) for x, y in state["draft"]]
             reached, accepted = [int(n) for n in state["reached"]], [int(n) for n in state["accepted"]]
             trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in state["trees"].items()}
-            tree_draft = {shape_key(TreeShape.parse(k)): float(v) for k, v in state["tree_draft"].items()}
+            tree_draft = {TreeShape.parse(k): float(v) for k, v in state["tree_draft"].items()}
             provisional = state.get("provisional", {})  # absent from the states of session 40 and before
             guesses = {name: {int(b) for b in provisional.get(name, ())} for name in ("verify", "draft")}
             guessed_trees = {shape_key(TreeShape.parse(k)) for k in provisional.get("trees", ())}
@@ -667,9 +706,15 @@ class StreamMonitor(DriftMonitor):
             for x, y in points:
                 curve.points[cost_bucket(x)] = [x, y]
             curve.provisional = guessed & set(curve.points)
-        self.reached, self.accepted, self.trees, self.tree_draft = reached, accepted, trees, tree_draft
-        self.tree_draft_samples.clear()
-        self.provisional_trees = guessed_trees & set(tree_draft)
+        self.reached, self.accepted, self.trees = reached, accepted, trees
+        self.tree_draft = {}
+        for shape, seconds in tree_draft.items():
+            curve = self.tree_draft_curve(shape)
+            curve.points[cost_bucket(shape.depth)] = [float(shape.depth), seconds]
+            if shape_key(shape) in guessed_trees:
+                curve.provisional.add(cost_bucket(shape.depth))
+        self.pace_samples.clear()  # this process's steps say how fast the host is now
+        self.unit, self.unit_steps = None, []
         self.calibrated = self.calibrated or (
             cost_bucket(1) in self.verify.points and len(self.verify.points) > 1 and bool(self.draft.points))
         return True
@@ -721,7 +766,6 @@ class StreamMonitor(DriftMonitor):
             if shape.is_chain:
                 self.draft.add(shape.depth, seconds, provisional=True)
             else:
-                self.tree_draft[shape_key(shape)] = seconds
-                self.provisional_trees.add(shape_key(shape))
+                self.tree_draft_curve(shape).add(shape.depth, seconds, provisional=True)
         proposer.reset()
         self.calibrated = True
