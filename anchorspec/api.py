@@ -21,7 +21,8 @@ import torch
 
 from .data.chat import prompt_ids
 from .decode.adaptive import depth_controller
-from .decode.engine import GenerationConfig, GenerationResult, generate_speculative, generate_vanilla
+from .decode.engine import (GenerationConfig, GenerationResult, SpeculativeDecoding, generate_speculative,
+                            generate_vanilla)
 from .decode.fallback import TREE_CANDIDATES, StreamMonitor
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
@@ -33,6 +34,7 @@ from .models.drafter import Eagle3Drafter, load_drafter
 from .models.hub import resolve_target
 from .models.packed import is_packed, pack_linears, packing_supported
 from .models.dtype import resolve_target_dtype
+from .models.compiled import graphs_compiled
 from .models.target import Target, load_target
 
 # The server's and `tune`'s starting shape. CPU-sized: a 16-token verification costs ~1.6x a decode step
@@ -135,6 +137,26 @@ class Engine:
         """The trees a measured choice prices beside the chains: none when sampling (shape_for)."""
         return TREE_CANDIDATES if sampling.greedy else ()
 
+    @torch.inference_mode()
+    def warm_up(self) -> int:
+        """Trace every graph family a generation can meet, so that a compiled target or drafter (which
+        compiles each family on first use, tens of seconds) does not compile in the middle of one: plain
+        decoding, and with a drafter a prefill, a chain step and a step of each candidate tree, a plain
+        step inside the speculative loop (the fallback's: it captures the target's features, so it is
+        not plain decoding's graph; `--compile` compiled it mid-run on MT-bench, session 44) and the
+        drafter's catch-up after it. Returns the graphs compiled."""
+        before = graphs_compiled()
+        prompt = torch.arange(1, 25) % self.target.vocab_size
+        cfg = GenerationConfig(max_new_tokens=64)  # no stop token: every step below has tokens to decode
+        generate_vanilla(self.target, prompt, cfg)
+        if self.proposer is not None:
+            dec = SpeculativeDecoding(self.target, self.proposer, prompt, cfg, TreeShape.chain(2))
+            dec.step()  # the prefill
+            for speculate, shape in ((True, TreeShape.chain(2)), *((True, t) for t in TREE_CANDIDATES),
+                                     (False, None), (True, TreeShape.chain(2))):
+                dec.step(speculate, shape)
+        return graphs_compiled() - before
+
     def remember(self) -> None:
         """Save what the monitor has learned to `costs_file` (if any), for the next process."""
         if self.costs_file is not None and self.monitor is not None:
@@ -208,7 +230,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
     oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() and
-    Eagle3Drafter.compile() (their frozen graphs pack the weights themselves, so `pack` is off then).
+    Eagle3Drafter.compile() (their frozen graphs pack the weights themselves, so `pack` is off then),
+    and every graph compiled before load returns (Engine.warm_up).
     `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
     machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
     `fallback=False`: speculate at every step, even where plain decoding would be faster.
@@ -232,6 +255,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
         variant = "compiled" if compile else "packed" if is_packed(loaded.model) else "eager"
         costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
     engine = Engine(loaded, d, shape, fallback, costs_file)
+    if compile:
+        engine.warm_up()  # every graph now, none in the middle of a generation
     if d is not None and shape is None:
         from .decode.shape import load_profile_shape
 

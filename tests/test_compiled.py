@@ -215,3 +215,42 @@ def test_compiled_drafter_in_batched_rounds(monkeypatch):
     assert [r.token_ids for r in run_batched(BatchDecoder(target), decs, start=3)] == refs
     assert max(shape[0] for shape, through_graph, *_ in seen if through_graph) == 3
     torch._dynamo.reset()
+
+
+def test_warm_up_compiles_every_graph_a_generation_meets():
+    """load(compile=True) warms every graph family up front (Engine.warm_up). With only plain decoding
+    and a speculative generation warmed (the control, what a benchmark's warm-up ran in session 44), a
+    generation whose fallback switches to plain steps and back, exploring a tree, still compiled a graph
+    mid-run; after warm_up it compiles none."""
+    from anchorspec.api import Engine
+    from anchorspec.models.compiled import graphs_compiled
+    from test_fallback import price_tree, switching
+
+    def engine():
+        torch._dynamo.reset()
+        target = tiny_target("llama")
+        target.compile()
+        drafter = random_drafter(target)
+        drafter.compile()
+        e = Engine(target, drafter)
+        e.monitor = switching(plain=1.0, verify_per_token=0.5)  # speculation does not pay: plain steps, retries
+        price_tree(e.monitor, 0.1)
+        return e
+
+    def compiled_during(e) -> int:
+        before = graphs_compiled()
+        e.generate(prompts()[1].tolist(), max_new_tokens=24)
+        assert "plain" in e.monitor.kinds and "speculative" in e.monitor.kinds
+        return graphs_compiled() - before
+
+    control = engine()
+    control.monitor.enabled = False  # the warm-up generations speculate at every step
+    control.generate(prompts()[0].tolist(), max_new_tokens=24, speculative=False)
+    control.generate(prompts()[0].tolist(), max_new_tokens=24, shape=TreeShape.chain(2))
+    control.generate(prompts()[0].tolist(), max_new_tokens=24, shape=TreeShape(4, 4, 16))
+    control.monitor.enabled = True
+    assert compiled_during(control) > 0
+    warmed = engine()
+    assert warmed.warm_up() > 0
+    assert compiled_during(warmed) == 0
+    torch._dynamo.reset()
