@@ -146,6 +146,13 @@ class CostCurve:
             point[0] += self.smoothing * (x - point[0])
             point[1] += self.smoothing * (y - point[1])
 
+    def restore(self, points, guessed: set[int]) -> None:
+        """Take up (x, y) `points` an earlier process kept, those in `guessed` buckets as provisional."""
+        self.samples.clear()
+        for x, y in points:
+            self.points[cost_bucket(x)] = [x, y]
+        self.provisional = guessed & set(self.points)
+
     def __call__(self, x: float) -> float | None:
         if not self.points:
             return None
@@ -498,12 +505,18 @@ class StreamMonitor(DriftMonitor):
             return
         shape = shape if shape is not None else self.shape
         tree = shape is not None and not shape.is_chain and kind == "speculative"
-        # what the draft's cost is learned as: a tree's own drafting time at its depth, or a chain's
-        draft_curve = None if catch_up else self.tree_draft_curve(shape) if tree and depth == shape.depth else (
-            None if tree else self.draft)
+        # what the drafting time teaches: a tree's own cost, only from a draft of its full depth; a chain's
+        # the curve over depths; nothing after a plain stretch (the drafter first read its features)
+        if catch_up:
+            draft_curve = None
+        elif tree:
+            draft_curve = self.tree_draft_curve(shape) if depth == shape.depth else None
+        else:
+            draft_curve = self.draft
         pace = self.pace()
-        if (self.follow_pace and kind == "speculative" and shape == self.shape and draft_curve is not None
-                and depth == shape.depth and tokens == shape.total_tokens):  # a full step of the stream's shape
+        full_step = (kind == "speculative" and not catch_up and shape is not None and shape == self.shape
+                     and depth == shape.depth and tokens == shape.total_tokens)
+        if self.follow_pace and full_step:  # only the stream's own shape, whole, sets the pace
             self._keep_pace(shape, step_s, pace)
         step_s, draft_s = step_s / pace, draft_s / pace
         if kind == "plain":
@@ -674,8 +687,7 @@ class StreamMonitor(DriftMonitor):
         return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
                 "draft": sorted(self.draft.points.values()), "reached": list(self.reached),
                 "accepted": list(self.accepted), "trees": {k: list(v) for k, v in self.trees.items()},
-                "tree_draft": {k: c.points[cost_bucket(TreeShape.parse(k).depth)][1] for k, c in self.tree_draft.items()
-                               if c.points},
+                "tree_draft": {k: self.draft_cost(TreeShape.parse(k)) for k, c in self.tree_draft.items() if c.points},
                 # which costs are still the calibration's (the first real step replaces them)
                 "provisional": {"verify": sorted(self.verify.provisional), "draft": sorted(self.draft.provisional),
                                 "trees": sorted(k for k, c in self.tree_draft.items() if c.provisional)}}
@@ -701,18 +713,13 @@ class StreamMonitor(DriftMonitor):
                 or any(x < 1 or y <= 0 for x, y in verify + draft)
                 or any(len(v) != 3 or min(v) < 0 for v in trees.values()) or any(y <= 0 for y in tree_draft.values())):
             return False
-        for curve, points, guessed in ((self.verify, verify, guesses["verify"]), (self.draft, draft, guesses["draft"])):
-            curve.samples.clear()
-            for x, y in points:
-                curve.points[cost_bucket(x)] = [x, y]
-            curve.provisional = guessed & set(curve.points)
+        self.verify.restore(verify, guesses["verify"])
+        self.draft.restore(draft, guesses["draft"])
         self.reached, self.accepted, self.trees = reached, accepted, trees
         self.tree_draft = {}
         for shape, seconds in tree_draft.items():
-            curve = self.tree_draft_curve(shape)
-            curve.points[cost_bucket(shape.depth)] = [float(shape.depth), seconds]
-            if shape_key(shape) in guessed_trees:
-                curve.provisional.add(cost_bucket(shape.depth))
+            guessed = {cost_bucket(shape.depth)} if shape_key(shape) in guessed_trees else set()
+            self.tree_draft_curve(shape).restore([(float(shape.depth), seconds)], guessed)
         self.pace_samples.clear()  # this process's steps say how fast the host is now
         self.unit, self.unit_steps = None, []
         self.calibrated = self.calibrated or (
