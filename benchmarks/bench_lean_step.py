@@ -10,7 +10,11 @@ Variants (each a fresh load of the stock weights):
   packed  the plain loop, linear weights prepacked for oneDNN (models/packed.py; the default until session 36);
   fused   plus q/k/v and gate/up as one packed product each (fuse_siblings);
   lean    plus grouped-query attention in the fastest SDPA form per call (models/attention.py): what
-          load_target gives a CPU target where packing was measured faster.
+          load_target gives a CPU target where packing was measured faster;
+  compiled-unfused  `--compile` before session 45: stock weights, grouped attention, steps through
+          torch.compile (inductor, frozen weights: it prepacks each linear layer itself);
+  compiled  `--compile` (load(compile=True)): the same with q/k/v and gate/up fused first.
+`--variants` picks a subset (the compiled ones each spend about a minute compiling at load).
 Three chat prompts, `--new-tokens` each (HF with min_new_tokens, so every method writes as many);
 tokens/s medians over prompts x rounds, and how many outputs equal HF's. CPU, torch, threads and dtype
 are printed with the numbers.
@@ -37,16 +41,16 @@ from bench_core import environment, median, timed, warn_if_busy  # noqa: E402
 PROMPTS = ["Write a short story about a robot learning to paint.",
            "Explain how photosynthesis works to a ten-year-old.",
            "Give three tips for writing clean Python code."]
-VARIANTS = ("hf", "packed", "fused", "lean")
+VARIANTS = ("hf", "packed", "fused", "lean", "compiled-unfused", "compiled")
 
 
 def load_variant(path: str, dtype: torch.dtype, variant: str):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
-    if variant != "hf":
+    if variant in ("packed", "fused", "lean"):
         pack_linears(model, fuse=variant != "packed")
-    if variant == "lean":
+    if variant in ("lean", "compiled-unfused", "compiled"):
         use_grouped_attention(model)
     return model
 
@@ -59,7 +63,12 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (hf always runs)")
     args = ap.parse_args()
+    variants = ["hf"] + [v for v in args.variants.split(",") if v != "hf"]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)} (have: {', '.join(VARIANTS)})")
     torch.set_num_threads(args.threads)
     warn_if_busy(args.threads)
     from transformers import AutoTokenizer
@@ -67,7 +76,13 @@ def main() -> int:
     path = resolve_target(args.target)
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = getattr(torch, args.dtype)
-    models = {v: load_variant(path, dtype, v) for v in VARIANTS}
+    models = {v: load_variant(path, dtype, v) for v in variants}
+    targets = {v: Target(m, tokenizer) for v, m in models.items() if v != "hf"}
+    for v, target in targets.items():
+        if v.startswith("compiled"):
+            target.compile(fuse=v == "compiled")
+            for n in (1, 2):  # trace the plain step's graph now, not while timing
+                generate_vanilla(target, torch.tensor([1, 2, 3]), GenerationConfig(max_new_tokens=n))
     prompts = []
     for text in PROMPTS:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -80,23 +95,22 @@ def main() -> int:
                 out = models[variant].generate(ids[None], max_new_tokens=args.new_tokens,
                                                min_new_tokens=args.new_tokens, do_sample=False)
             return out[0, len(ids):].tolist()
-        target = Target(models[variant], tokenizer)
-        return generate_vanilla(target, ids, GenerationConfig(max_new_tokens=args.new_tokens)).token_ids
+        return generate_vanilla(targets[variant], ids, GenerationConfig(max_new_tokens=args.new_tokens)).token_ids
 
     def agree(ours: list[int], hf: list[int]) -> bool:
         """Token for token, up to where ours stopped (HF's min_new_tokens hides its end of turn)."""
         n = len(ours) - (ours[-1:] == [tokenizer.eos_token_id] and len(ours) < args.new_tokens)
         return ours[:n] == hf[:n]
 
-    same = dict.fromkeys(VARIANTS, 0)
+    same = dict.fromkeys(variants, 0)
     for ids in prompts:  # also the warm-up
-        outs = {v: run(v, ids) for v in VARIANTS}
-        for v in VARIANTS:
+        outs = {v: run(v, ids) for v in variants}
+        for v in variants:
             same[v] += agree(outs[v], outs["hf"])
-    tok_s = {v: [] for v in VARIANTS}
+    tok_s = {v: [] for v in variants}
     for _ in range(args.rounds):
         for ids in prompts:
-            for v in VARIANTS:
+            for v in variants:
                 out, seconds = timed(run, v, ids)
                 tok_s[v].append(len(out) / seconds)
     medians = {v: median(x) for v, x in tok_s.items()}
@@ -104,7 +118,7 @@ def main() -> int:
     print(f"{env['cpu']} ({env['cpu_capability']}), torch {env['torch']}, {args.threads} thread(s), {args.dtype}, "
           f"{args.new_tokens} new tokens, {len(prompts)} prompts x {args.rounds} rounds")
     print("| variant | tok/s (median) | over HF `generate` | outputs equal to HF's |\n|---|---|---|---|")
-    for v in VARIANTS:
+    for v in variants:
         print(f"| {v} | {medians[v]:.1f} | {medians[v] / medians['hf']:.2f}x | {same[v]}/{len(prompts)} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "tok_s": tok_s, "median": medians,

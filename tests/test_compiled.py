@@ -37,6 +37,22 @@ def test_compiled_target_decodes_losslessly(compiled_llama):
     assert {tuple(s) for s in calls} >= {(1, 1), (1, 5), (1, 6)}  # plain steps, chain and tree verifies
 
 
+def test_compile_fuses_sibling_projections_into_stock_products(compiled_llama):
+    """Inductor calls each linear layer on its own: compile() first makes q/k/v and gate/up one product
+    each, with stock weights (its frozen graph prepacks them; a packed target cannot be compiled)."""
+    from anchorspec.models.packed import FusedSibling, is_packed
+
+    target, _ = compiled_llama
+    attn, mlp = target.layers[0].self_attn, target.layers[0].mlp
+    assert attn.q_proj.product is attn.v_proj.product and mlp.gate_proj.product is mlp.up_proj.product
+    fused = [m for m in target.model.modules() if isinstance(m, FusedSibling)]
+    assert len(fused) == 5 * target.num_layers and not any(m.product.pack for m in fused)
+    assert not is_packed(target.model)
+    unfused = tiny_target("llama")
+    unfused.compile(fuse=False)
+    assert not any(isinstance(m, FusedSibling) for m in unfused.model.modules())
+
+
 def test_compiled_target_in_batched_rounds_stays_lossless(compiled_llama):
     """A BatchDecoder round over slots 0..B-1 runs the compiled static forward with B > 1 (how
     `serve` and `regenerate` would run a compiled target): three sequences (an oracle chain, a random

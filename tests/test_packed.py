@@ -98,10 +98,12 @@ def test_sibling_projections_fuse_into_one_product(family):
     assert not any(type(m) is torch.nn.Linear for m in target.model.modules())
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "stock"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_fused_sibling_is_its_own_linear_layer_whatever_the_call_order(dtype):
+def test_a_fused_sibling_is_its_own_linear_layer_whatever_the_call_order(dtype, pack):
     """Each member returns its own product of its input: called in any order, on one input or on
-    different ones (then the group computes again), and no input is held once all have taken theirs."""
+    different ones (then the group computes again), and no input is held once all have taken theirs.
+    Prepacked (eager inference) or stock (what torch.compile's frozen graph packs itself)."""
     torch.manual_seed(0)
     parent = torch.nn.Module()
     for name, out in (("q_proj", 24), ("k_proj", 8), ("v_proj", 8)):
@@ -111,7 +113,8 @@ def test_a_fused_sibling_is_its_own_linear_layer_whatever_the_call_order(dtype):
     ref = {n: {id(a): F.linear(a, m.weight, m.bias) for a in (x, y)} for n, m in want.items()}
     from anchorspec.models.packed import fuse_siblings
 
-    assert fuse_siblings(parent) == 1
+    assert fuse_siblings(parent, pack=pack) == 1
+    assert parent.q_proj.product.pack is pack
     tol = TOLERANCE[dtype]
     with torch.inference_mode():
         for calls in ([("v_proj", x), ("q_proj", x), ("k_proj", x)], [("q_proj", x), ("k_proj", y), ("v_proj", x)],

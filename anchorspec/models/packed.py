@@ -74,22 +74,29 @@ class PackedLinear(nn.Module):
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-class _SiblingProduct:
-    """One packed GEMM for several linear layers that read the same input: the first member called
-    with `x` computes all their outputs at once (x @ [W_1; W_2; ...]) and keeps them until every member
-    has taken its own. At one or a few rows each product is a weight read plus ~20 us of call
-    overhead, so q/k/v as one call and gate/up as one cut three of a layer's seven calls."""
+class _SiblingProduct(nn.Module):
+    """One GEMM for several linear layers that read the same input: the first member called with `x`
+    computes all their outputs at once (x @ [W_1; W_2; ...]) and keeps them until every member has
+    taken its own. At one or a few rows each product is a weight read plus ~20 us of call overhead, so
+    q/k/v as one call and gate/up as one cut three of a layer's seven calls. `pack`: the fused weight
+    prepacked for oneDNN (eager CPU inference); otherwise kept as a stock buffer, for torch.compile,
+    whose frozen graph packs it itself (Target.compile)."""
 
-    def __init__(self, linears: list[nn.Linear]):
+    def __init__(self, linears: list[nn.Linear], pack: bool = True):
+        super().__init__()
         biases = [m.bias for m in linears]
-        self.packed = pack_weight(torch.cat([m.weight.detach() for m in linears]))
-        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        weight = torch.cat([m.weight.detach() for m in linears])
+        self.pack = pack
+        self.register_buffer("weight", pack_weight(weight) if pack else weight, persistent=False)
+        self.register_buffer("bias", None if biases[0] is None else torch.cat([b.detach() for b in biases]),
+                             persistent=False)
         self.sizes = [m.out_features for m in linears]
         self.input, self.outputs, self.untaken = None, [], 0
 
     def output(self, x: torch.Tensor, member: int) -> torch.Tensor:
         if x is not self.input or self.outputs[member] is None:  # identity, not value: a new call recomputes
-            y = packed_linear(x, self.packed, self.bias, sum(self.sizes))
+            y = (packed_linear(x, self.weight, self.bias, sum(self.sizes)) if self.pack
+                 else torch.nn.functional.linear(x, self.weight, self.bias))
             self.input, self.outputs, self.untaken = x, list(y.split(self.sizes, dim=-1)), len(self.sizes)
         out, self.outputs[member] = self.outputs[member], None
         self.untaken -= 1
@@ -99,7 +106,8 @@ class _SiblingProduct:
 
 
 class FusedSibling(nn.Module):
-    """Where one of a fused group's linear layers was: its output, from the group's one product."""
+    """Where one of a fused group's linear layers was: its output, from the group's one product (a
+    submodule of every member; module traversals list it once)."""
 
     def __init__(self, product: _SiblingProduct, member: int, in_features: int):
         super().__init__()
@@ -110,13 +118,13 @@ class FusedSibling(nn.Module):
         return self.product.output(x, self.member)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed, fused ({self.member})"
+        return f"in_features={self.in_features}, out_features={self.out_features}, fused ({self.member})"
 
 
-def fuse_siblings(model: nn.Module) -> int:
+def fuse_siblings(model: nn.Module, pack: bool = True) -> int:
     """Replace each group of SIBLINGS linear layers of one module (same input size and bias presence) by
-    FusedSibling modules sharing one packed product. Inference only: the separate weights are gone.
-    Returns the number of groups fused."""
+    FusedSibling modules sharing one product (prepacked with `pack`). Inference only: the separate
+    weights are gone. Returns the number of groups fused."""
     groups = 0
     for parent in list(model.modules()):
         for names in SIBLINGS:
@@ -125,7 +133,7 @@ def fuse_siblings(model: nn.Module) -> int:
                 continue
             if len({m.in_features for m in linears}) > 1 or len({m.bias is None for m in linears}) > 1:
                 continue
-            product = _SiblingProduct(linears)
+            product = _SiblingProduct(linears, pack=pack)
             for member, (name, linear) in enumerate(zip(names, linears)):
                 setattr(parent, name, FusedSibling(product, member, linear.in_features))
             groups += 1
@@ -133,7 +141,9 @@ def fuse_siblings(model: nn.Module) -> int:
 
 
 def is_packed(model: nn.Module) -> bool:
-    return any(isinstance(m, (PackedLinear, FusedSibling)) for m in model.modules())
+    """Some linear weight of `model` is prepacked for oneDNN (stock fused products are not)."""
+    return any(isinstance(m, PackedLinear) or (isinstance(m, FusedSibling) and m.product.pack)
+               for m in model.modules())
 
 
 def pack_linears(model: nn.Module, keep_weights: bool = False, fuse: bool = False) -> int:

@@ -22,7 +22,7 @@ from .attention import use_grouped_attention, uses_grouped_attention
 from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
-from .packed import is_packed, pack_linears
+from .packed import fuse_siblings, is_packed, pack_linears
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -82,7 +82,7 @@ class Target:
     def compiled(self) -> bool:
         return self._compiled is not None
 
-    def compile(self, enabled: bool = True) -> None:
+    def compile(self, enabled: bool = True, fuse: bool = True) -> None:
         """Run decode and verify forwards (`forward_rows` with a static cache, see decode/batch.py)
         through torch.compile: inductor with the weights frozen, so on CPU each linear layer uses
         oneDNN's prepacked kernels (bf16 weight reads ~1.5x faster than eager's) and the small ops
@@ -92,13 +92,17 @@ class Target:
         SmolLM2-135M on one core (a frozen graph is not reused from inductor's disk cache, so every
         process pays it again). Prefills stay eager. Measured on an
         AVX-512-bf16 EPYC, bf16, 1 thread: the plain loop 1.63x HF `generate`, against 1.44x for
-        packing alone (docs/results.md, "a lean step")."""
+        packing alone (docs/results.md, "a lean step"). `fuse`: q/k/v and gate/up first become one
+        product each (models/packed.py, stock weights the frozen graph packs): inductor calls each
+        linear layer on its own, 7 calls a layer where 4 do (session 45, benchmarks/bench_lean_step.py)."""
         if not enabled:
             self._compiled = None
             return
         if is_packed(self.model):
             raise AnchorspecError("compile needs the stock weights (load the target with pack='off'): its frozen "
                                   "graph packs them itself")
+        if fuse:
+            fuse_siblings(self.model, pack=False)
         self._compiled = frozen_compile(self._rows_body)
 
     @property
