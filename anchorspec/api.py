@@ -33,7 +33,7 @@ from .metrics import GenerationStats
 from .models.drafter import Eagle3Drafter, load_drafter
 from .models.hub import resolve_target
 from .models.packed import is_packed, pack_linears, packing_supported
-from .models.dtype import resolve_target_dtype
+from .models.dtype import model_shapes, resolve_packing, resolve_target_dtype
 from .models.compiled import graphs_compiled
 from .models.target import Target, load_target
 
@@ -146,6 +146,9 @@ class Engine:
         not plain decoding's graph; `--compile` compiled it mid-run on MT-bench, session 44) and the
         drafter's catch-up after it. Returns the graphs compiled."""
         before = graphs_compiled()
+        if self.target.aot and (self.drafter is None or not self.drafter.compiled):
+            self.target.load_graph()  # one graph serves every step: building or loading it is the whole warm-up
+            return graphs_compiled() - before
         prompt = torch.arange(1, 25) % self.target.vocab_size
         cfg = GenerationConfig(max_new_tokens=64)  # no stop token: every step below has tokens to decode
         generate_vanilla(self.target, prompt, cfg)
@@ -226,12 +229,16 @@ class Engine:
 
 def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: int | None = None,
          shape: TreeShape | None = None, fallback: bool = True, pack: str | None = None,
-         compile: bool = False, remember: bool | None = None) -> Engine:
+         compile: bool | str = False, remember: bool | None = None) -> Engine:
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
-    oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() and
-    Eagle3Drafter.compile() (their frozen graphs pack the weights themselves, so `pack` is off then),
-    and every graph compiled before load returns (Engine.warm_up).
+    oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
+    frozen graph packs the weights itself, so `pack` is off for the target then): on a CPU one graph
+    compiled ahead of time, once per model and machine, and loaded in seconds by every later process;
+    the drafter's passes then run packed (as `pack` says). On CUDA torch.compile for both, every graph
+    compiled before load returns (Engine.warm_up). "auto": compile on a CPU when the AOT graph for this
+    target (weights, aux layers) and machine is already on disk (`anchorspec compile` writes it), else
+    as False.
     `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
     machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
     `fallback=False`: speculate at every step, even where plain decoding would be faster.
@@ -243,16 +250,25 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     torch_dtype = resolve_target_dtype(dtype, target, pack=pack)  # with compile too: its frozen graph packs
     d = load_drafter(drafter, torch_dtype) if drafter else None
     aux = d.config.eagle_aux_hidden_state_layer_ids if d is not None else None
+    if compile not in (True, False, "auto"):
+        raise AnchorspecError(f"compile must be True, False or 'auto', got {compile!r}")
     loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)
+    if compile == "auto":  # the AOT graph if an earlier process compiled it for this model and machine
+        compile = loaded.embed_weight.device.type == "cpu" and loaded.aot_path().exists()
+        if not compile and resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
+            pack_linears(loaded.model, fuse=True)  # what load_target does with pack auto
     if compile:
         loaded.compile()
-        if d is not None:
+        if d is not None and not loaded.aot:
             d.compile()
+        elif d is not None and resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
+            # no AOT graph for the drafter yet: packed eager passes, as beside a packed target
+            pack_linears(d, keep_weights=True)
     if remember is None:
         remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
     costs_file = None
     if d is not None and remember:
-        variant = "compiled" if compile else "packed" if is_packed(loaded.model) else "eager"
+        variant = ("aot" if loaded.aot else "compiled") if compile else "packed" if is_packed(loaded.model) else "eager"
         costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
     engine = Engine(loaded, d, shape, fallback, costs_file)
     if compile:

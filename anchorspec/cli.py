@@ -220,7 +220,7 @@ def cmd_generate(args) -> int:
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
-                  fallback=not args.no_fallback, compile=args.compile)
+                  fallback=not args.no_fallback, compile=_compile_choice(args.compile))
     if not args.no_spec:
         why = ""
         if shape is None and not engine.shape_source.startswith("tuned"):
@@ -232,6 +232,10 @@ def cmd_generate(args) -> int:
 
         drafted = engine.shape_for(SamplingParams(args.temperature, args.top_p, args.top_k))
         print(f"[draft shape {_shape_text(drafted)}: {engine.shape_source}{why}]", file=sys.stderr)
+    if args.compile == "auto" and not engine.target.compiled and engine.target.embed_weight.device.type == "cpu":
+        print(f"[eager steps: no compiled step graph for this target on this machine yet; `anchorspec compile "
+              f"--target {args.target}{' --drafter ' + args.drafter if args.drafter else ''}` makes one (once, "
+              "about a minute and a half), or pass --compile]", file=sys.stderr)
     total = None
     # a bar on a terminal only: in a log (2>&1) its redraws would interleave with the generated text
     bar = tqdm(prompts, desc="generate", unit="prompt", disable=len(prompts) < 2 or not sys.stderr.isatty(),
@@ -604,7 +608,8 @@ def cmd_serve(args) -> int:
     _check_port_free(args.host, args.port)  # before the model loads, not after a minute of loading
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape, compile=args.compile)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
+                  compile=_compile_choice(args.compile))
     name = args.model_name or Path(args.target.rstrip("/")).name
     api_key = args.api_key or os.environ.get("ANCHORSPEC_API_KEY")
     app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
@@ -617,10 +622,39 @@ def cmd_serve(args) -> int:
 
 
 def _add_compile(p, when: str) -> None:
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the target's decode and verify steps and the drafter's passes (inductor, "
-                        "frozen weights): faster steps after ~45 s of compiling per target step graph (a few "
-                        f"seconds per drafter graph), a few graphs in all; {when}")
+    p.add_argument("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                   help="run the target's decode and verify steps through a compiled graph (inductor, frozen "
+                        "weights). On a CPU one graph compiled ahead of time, once per model and machine (about "
+                        "a minute and a half for SmolLM2-135M on 2 cores; `anchorspec compile` does it), loaded in "
+                        "seconds by later runs; on CUDA torch.compile, a few graphs compiled at every start. "
+                        "auto (default): the graph when it is already on disk, else eager steps; on (or "
+                        f"bare --compile): compile it now if needed; off: eager. {when}")
+
+
+def _compile_choice(value: str) -> bool | str:
+    return {"on": True, "off": False}.get(value, "auto")
+
+
+def cmd_compile(args) -> int:
+    """Compile the target's step graph for this machine now (load(compile=True)), so every later run
+    with --compile auto (the default) uses it."""
+    import time
+
+    from .api import load
+
+    if args.drafter and not Path(args.drafter).is_dir():
+        raise AnchorspecError(f"--drafter directory {args.drafter} does not exist")
+    start = time.perf_counter()
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, compile=True)
+    target = engine.target
+    if not target.aot:
+        print(f"anchorspec: compiled with torch.compile on {target.embed_weight.device} (nothing is kept on "
+              "disk there; --compile compiles at every start)", file=sys.stderr)
+        return 0
+    path = target.aot_path()
+    print(f"{path} ({path.stat().st_size / 1e6:.0f} MB): the {target.dtype} step graph of {args.target} "
+          f"(aux layers {list(target.aux_layer_ids)}), ready in {time.perf_counter() - start:.0f} s")
+    return 0
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -719,6 +753,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile(g, "for many or long prompts")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
     g.set_defaults(func=cmd_generate)
+
+    co = sub.add_parser("compile", help="compile the target's step graph for this machine once (later runs load it)")
+    _add_target(co)
+    co.add_argument("--drafter", help="the drafter it will run with (its aux layers are the graph's outputs); "
+                                      "default: the target's default aux layers, those of the released drafters")
+    _add_dtype(co)
+    _add_threads(co)
+    co.set_defaults(func=cmd_compile)
 
     i = sub.add_parser("init-drafter", help="write a randomly initialised drafter shaped after a target")
     _add_target(i)

@@ -13,8 +13,11 @@ Variants (each a fresh load of the stock weights):
           load_target gives a CPU target where packing was measured faster;
   compiled-unfused  `--compile` before session 45: stock weights, grouped attention, steps through
           torch.compile (inductor, frozen weights: it prepacks each linear layer itself);
-  compiled  `--compile` (load(compile=True)): the same with q/k/v and gate/up fused first.
-`--variants` picks a subset (the compiled ones each spend about a minute compiling at load).
+  compiled-dynamo  session 45's `--compile`: the same with q/k/v and gate/up fused first;
+  compiled  `--compile` on a CPU since session 46 (load(compile=True)): the same graph compiled ahead of
+          time (AOTInductor), one graph for every step shape, kept on disk for later processes.
+`--variants` picks a subset (the torch.compile ones spend about a minute compiling at load, every
+process; the AOT one the first time on a machine, then a few seconds).
 Three chat prompts, `--new-tokens` each (HF with min_new_tokens, so every method writes as many);
 tokens/s medians over prompts x rounds, and how many outputs equal HF's. CPU, torch, threads and dtype
 are printed with the numbers.
@@ -41,7 +44,7 @@ from bench_core import environment, median, timed, warn_if_busy  # noqa: E402
 PROMPTS = ["Write a short story about a robot learning to paint.",
            "Explain how photosynthesis works to a ten-year-old.",
            "Give three tips for writing clean Python code."]
-VARIANTS = ("hf", "packed", "fused", "lean", "compiled-unfused", "compiled")
+VARIANTS = ("hf", "packed", "fused", "lean", "compiled-unfused", "compiled-dynamo", "compiled")
 
 
 def load_variant(path: str, dtype: torch.dtype, variant: str):
@@ -50,7 +53,7 @@ def load_variant(path: str, dtype: torch.dtype, variant: str):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
     if variant in ("packed", "fused", "lean"):
         pack_linears(model, fuse=variant != "packed")
-    if variant in ("lean", "compiled-unfused", "compiled"):
+    if variant in ("lean", "compiled-unfused", "compiled-dynamo", "compiled"):
         use_grouped_attention(model)
     return model
 
@@ -80,7 +83,7 @@ def main() -> int:
     targets = {v: Target(m, tokenizer) for v, m in models.items() if v != "hf"}
     for v, target in targets.items():
         if v.startswith("compiled"):
-            target.compile(fuse=v == "compiled")
+            target.compile(fuse=v != "compiled-unfused", aot=v == "compiled")
             for n in (1, 2):  # trace the plain step's graph now, not while timing
                 generate_vanilla(target, torch.tensor([1, 2, 3]), GenerationConfig(max_new_tokens=n))
     prompts = []

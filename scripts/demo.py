@@ -41,6 +41,10 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, at most")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype (auto: the fast one here)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--compile", default="on", choices=["auto", "on", "off"],
+                   help="the target's steps through its compiled graph: on compiles it first where this machine "
+                        "has none yet (on a CPU once, about a minute and a half, kept for later runs); auto uses it "
+                        "only if it is on disk; off runs eager steps")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout: one per prompt, then the summary")
     args = p.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1 or (args.threads is not None and args.threads < 1):
@@ -55,7 +59,8 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # a 135M model loads in a second; its bar would only clutter a log
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print  # readable lines
     prompts = read_prompts(args.prompts)[: args.limit]
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads,
+                  compile={"on": True, "off": False}.get(args.compile, "auto"))
     generate = dict(chat=True, max_new_tokens=args.max_new_tokens, temperature=0.0)
     for speculative in (False, True):  # warm-up: first-call costs, and the engine measures its step costs
         engine.generate("Hello", **{**generate, "max_new_tokens": 8}, speculative=speculative)
@@ -93,9 +98,11 @@ def main(argv=None) -> int:
     cpu = cpu_description()
     native = bf16_hardware(cpu["flags"])
     dtype = str(engine.target.dtype).removeprefix("torch.")
+    steps_kind = ("compiled ahead of time" if engine.target.aot else "torch.compile" if engine.target.compiled
+                  else "eager")
     summary = {"target": args.target, "drafter": args.drafter, "prompts": len(prompts),
                "max_new_tokens": args.max_new_tokens, "cpu": cpu["model"], "bf16_cpu_flags": native,
-               "dtype": dtype, "dtype_asked": args.dtype, "threads": torch.get_num_threads(),
+               "dtype": dtype, "dtype_asked": args.dtype, "threads": torch.get_num_threads(), "steps": steps_kind,
                "draft_shape": f"{shape.top_k},{shape.depth},{shape.total_tokens}", "shape_source": engine.shape_source,
                "plain_tokens_per_s": round(rate["plain"], 2), "speculative_tokens_per_s": round(rate["speculative"], 2),
                "speedup": round(ratio, 3), "tau": None if tau is None else round(tau, 3), "verify_steps": steps,
@@ -108,7 +115,7 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     chosen = " (chosen by --dtype auto)" if args.dtype == "auto" else ""
     say(f"machine: {cpu['model']} ({', '.join(native) if native else 'no native bf16'}), "
-        f"{threads} thread{'s' if threads != 1 else ''}; dtype {dtype}{chosen}")
+        f"{threads} thread{'s' if threads != 1 else ''}; dtype {dtype}{chosen}; target steps {steps_kind}")
     say(f"drafter: {args.drafter}, draft shape {summary['draft_shape']} ({engine.shape_source})")
     say(f"  plain        {rate['plain']:7.1f} tok/s")
     say(f"  speculative  {rate['speculative']:7.1f} tok/s   {ratio:.2f}x plain")

@@ -1,6 +1,8 @@
-"""Target.compile(): decode and verify steps through torch.compile (inductor, frozen weights) stay
-lossless: greedy speculative output on the compiled target == plain greedy on the eager one, in
-float64, chains and trees, and the compiled graph really ran (a few shapes, no recompiling per step)."""
+"""Target.compile(): decode and verify steps through an inductor graph with frozen weights (on a CPU
+compiled ahead of time, one graph file per model and machine; torch.compile with aot=False, CUDA's
+path) stay lossless: greedy speculative output on the compiled target == plain greedy on the eager one,
+in float64, chains and trees, and the compiled graph really ran (one graph, or a few shapes, no
+recompiling per step)."""
 
 import pytest
 import torch
@@ -17,9 +19,14 @@ def compiled_llama():
     torch._dynamo.reset()
     target = tiny_target("llama")
     target.compile()
-    calls = []
-    run = target._compiled
-    target._compiled = lambda *args: calls.append(args[0].shape) or run(*args)
+    assert target.aot  # a CPU's default
+    calls, graph = [], target.load_graph
+
+    def spy():
+        run = graph()
+        return lambda args, *rest: calls.append(args[0].shape) or run(args, *rest)
+
+    target.load_graph = spy
     yield target, calls
     torch._dynamo.reset()
 
@@ -35,6 +42,7 @@ def test_compiled_target_decodes_losslessly(compiled_llama):
         for shape in (TreeShape.chain(4), TreeShape(2, 3, 6)):
             assert generate_speculative(target, proposer, prompt, cfg, shape).token_ids == ref, shape
     assert {tuple(s) for s in calls} >= {(1, 1), (1, 5), (1, 6)}  # plain steps, chain and tree verifies
+    assert target.compiles == 1  # one graph for all of them
 
 
 def test_compile_fuses_sibling_projections_into_stock_products(compiled_llama):
@@ -87,7 +95,7 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows():
 
     torch._dynamo.reset()
     target = tiny_target("llama")
-    target.compile()
+    target.compile(aot=False)  # torch.compile's graphs (an AOT graph has every size dynamic by construction)
     cfg = GenerationConfig(max_new_tokens=40)
     generate_vanilla(target, prompts()[0], cfg)  # warm: the plain step's graph exists
     graphs = counters["stats"]["unique_graphs"]
@@ -110,7 +118,7 @@ def test_a_pass_that_fills_the_cache_exactly_adds_no_graph(monkeypatch):
     monkeypatch.setattr(propose, "OWN_CAPACITY", 16)
     torch._dynamo.reset()
     target = tiny_target("llama")
-    target.compile()
+    target.compile(aot=False)
     prompt = prompts()[0]
     ref = generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=16))
     assert target.compiles == 1  # the plain step (prefills stay eager)
@@ -133,15 +141,91 @@ def test_compile_off_restores_eager():
     assert not target.compiled
 
 
-def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path):
+def test_aot_graph_is_kept_for_later_processes(compiled_llama, monkeypatch):
+    """The graph file outlives its process: a target with the same weights loads it without tracing or
+    compiling anything; other weights or other aux layers name another file; a damaged file is compiled
+    again, not trusted and not fatal."""
+    import anchorspec.models.compiled as compiled_module
+
+    target, _ = compiled_llama
+    generate_vanilla(target, prompts()[0], GenerationConfig(max_new_tokens=2))  # the fixture's graph exists
+    path = target.aot_path()
+    assert path.is_file()
+    again = tiny_target("llama")
+    again.compile()
+    assert again.aot_path() == path and tiny_target("llama", seed=1).aot_path(fuse=True) != path
+
+    def no_tracing(*args, **kwargs):
+        raise AssertionError("the kept graph was compiled again")
+
+    monkeypatch.setattr(torch.export, "export", no_tracing)
+    cfg = GenerationConfig(max_new_tokens=12)
+    assert generate_vanilla(again, prompts()[0], cfg).token_ids == generate_vanilla(tiny_target("llama"), prompts()[0], cfg).token_ids
+    assert again.compiles == 1
+    again.set_aux_layers((0, 1))  # the graph returns the aux states it was traced with: another graph
+    assert again.aot_path() != path and again._aot == "pending"
+
+    good = path.read_bytes()
+    rebuilt = []
+
+    def rebuild(owner, body, example, dynamic, dest, what):  # stands in for a real compile (~30 s)
+        rebuilt.append(dest)
+        dest.write_bytes(good)
+
+    monkeypatch.setattr(compiled_module, "_aot_write", rebuild)
+    path.write_bytes(b"not a graph")
+    damaged = tiny_target("llama")
+    damaged.compile()
+    assert generate_vanilla(damaged, prompts()[0], cfg).token_ids == generate_vanilla(tiny_target("llama"), prompts()[0], cfg).token_ids
+    assert rebuilt == [path] and damaged.compiles == 1
+
+
+def test_a_graph_that_cannot_be_compiled_leaves_eager_steps(monkeypatch, capsys):
+    """Compiling needs a C++ compiler, among other things: where it fails, one line says so and the
+    generation goes on with eager steps, the same tokens."""
+    import anchorspec.models.target as target_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(target_module, "aot_compile", broken)
+    target = tiny_target("llama")
+    target.compile()
+    cfg = GenerationConfig(max_new_tokens=12)
+    assert generate_vanilla(target, prompts()[0], cfg).token_ids == generate_vanilla(tiny_target("llama"), prompts()[0], cfg).token_ids
+    assert not target.compiled and "could not be compiled (RuntimeError: no C++ compiler found)" in capsys.readouterr().err
+
+
+def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monkeypatch):
+    """compile=True: the target's stock weights go to the graph (which packs them); "auto" (the CLI's
+    default) uses a graph already on disk and otherwise packs as without compiling. `anchorspec compile`
+    writes the graph that auto then finds. On a machine with no graph yet, load's warm-up traces it
+    before any forward ran: the LM head's row selection is in it all the same (a kept subset of rows
+    comes back), and the eager prefill still selects its last row."""
     from anchorspec.api import load
+    from anchorspec.cli import main
     from anchorspec.errors import AnchorspecError
     from anchorspec.models.packed import is_packed, pack_linears
     from helpers import save_tiny_chat_target
 
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))  # no graph on disk: load compiles it
     path = save_tiny_chat_target(tmp_path / "t", dtype=torch.bfloat16)
     engine = load(str(path), dtype="bfloat16", compile=True, pack="on")
     assert engine.target.compiled and not is_packed(engine.target.model)
+    assert engine.target.aot and engine.target.aot_path().is_file()
+    example = engine.target._aot_example(rows=2, tokens=3, past=5, kept=4, slots=2, capacity=9)
+    assert engine.target.load_graph()(*example)[0].shape[0] == 4  # rows 0..3 of 2 x 3
+    text = engine.generate("hello", max_new_tokens=4, speculative=False).token_ids
+    assert text == load(str(path), dtype="bfloat16", pack="on").generate("hello", max_new_tokens=4, speculative=False).token_ids
+    auto = load(str(path), dtype="bfloat16", compile="auto", pack="on")
+    assert auto.target.aot and not is_packed(auto.target.model)
+    assert main(["compile", "--target", str(path), "--dtype", "bfloat16"]) == 0
+    assert str(auto.target.aot_path()) in capsys.readouterr().out
+    other = save_tiny_chat_target(tmp_path / "other", dtype=torch.bfloat16, seed=3)  # no graph on disk for it
+    fresh = load(str(other), dtype="bfloat16", compile="auto", pack="on")
+    assert not fresh.target.compiled and is_packed(fresh.target.model)
+    with pytest.raises(AnchorspecError, match="compile must be"):
+        load(str(path), compile="yes")
     packed = tiny_target("llama", dtype=torch.bfloat16)
     pack_linears(packed.model)
     with pytest.raises(AnchorspecError, match="stock weights"):

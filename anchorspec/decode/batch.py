@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import AnchorspecError
+from ..models.compiled import write_and_read
 from ..models.masks import additive_mask
 from ..models.target import Target
 from .tree import DraftTree
@@ -287,13 +288,13 @@ class ForwardCache:
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # HF Cache.update's signature (5.x passes kwargs=)
         out = []
         for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
-            if self.batch == 1 and self.static_mask is None:  # narrow + copy_: in place, no index tensors
+            if self.static_mask is not None:  # slots 0..B-1 and the key length: the mask's (dynamic) dimensions
+                out.append(write_and_read(buf, new, self.rows, self.cols, self.static_mask))
+                continue
+            if self.batch == 1:  # narrow + copy_: in place, no index tensors
                 buf[self.first].narrow(1, self.past, new.shape[2]).copy_(new[0])
             else:
                 buf[self.rows, :, self.cols] = new.transpose(1, 2).to(buf.dtype)  # [B, N, H, D] at (slot, row)
-            if self.static_mask is not None:  # slots 0..B-1 and the key length: the mask's (dynamic) dimensions
-                out.append(buf[:self.static_mask.shape[0], :, :self.static_mask.shape[-1]])
-                continue
             rows = buf[:, :, :self.kv_len]  # cut to kv_len first: a gather then copies only these rows
             out.append(rows.narrow(0, self.first, self.batch) if self.consecutive else rows.index_select(0, self.index))
         return out[0], out[1]

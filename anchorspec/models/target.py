@@ -12,14 +12,17 @@ Aux layer ids follow convention A of the spec: id i is the input of decoder laye
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..errors import AnchorspecError
 from .attention import use_grouped_attention, uses_grouped_attention
-from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
+from .compiled import (aot_compile, aot_graph_path, frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims,
+                       weights_digest)
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
 from .packed import fuse_siblings, is_packed, pack_linears
@@ -76,13 +79,20 @@ class Target:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
         self._compiled = None  # compile(): the inductor-compiled forward_rows body
+        self._aot = None  # compile(aot=True): "pending" until the first static forward builds or loads the graph
+        self._weights_key = None  # (digest of the weights as loaded, fused): part of the AOT graph's file name
         self.compiles = 0  # graphs compiled during this target's compiled forwards (see forward_rows)
 
     @property
     def compiled(self) -> bool:
-        return self._compiled is not None
+        return self._compiled is not None or self._aot is not None
 
-    def compile(self, enabled: bool = True, fuse: bool = True) -> None:
+    @property
+    def aot(self) -> bool:
+        """Compiled ahead of time (compile(aot=True)): one graph file per model and machine."""
+        return self._aot is not None
+
+    def compile(self, enabled: bool = True, fuse: bool = True, aot: bool | None = None) -> None:
         """Run decode and verify forwards (`forward_rows` with a static cache, see decode/batch.py)
         through torch.compile: inductor with the weights frozen, so on CPU each linear layer uses
         oneDNN's prepacked kernels (bf16 weight reads ~1.5x faster than eager's) and the small ops
@@ -96,14 +106,18 @@ class Target:
         product each (models/packed.py, stock weights the frozen graph packs): inductor calls each
         linear layer on its own, 7 calls a layer where 4 do (session 45, benchmarks/bench_lean_step.py)."""
         if not enabled:
-            self._compiled = None
+            self._compiled = self._aot = None
             return
         if is_packed(self.model):
             raise AnchorspecError("compile needs the stock weights (load the target with pack='off'): its frozen "
                                   "graph packs them itself")
+        if aot is None:
+            aot = self.embed_weight.device.type == "cpu"  # CUDA: torch.compile, until a GPU session verifies AOT there
+        if aot and self._weights_key is None:
+            self._weights_key = (weights_digest(self.model), fuse)  # the stock weights, before fusing renames them
         if fuse:
             fuse_siblings(self.model, pack=False)
-        self._compiled = frozen_compile(self._rows_body)
+        self._compiled, self._aot = (None, "pending") if aot else (frozen_compile(self._rows_body), None)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -123,6 +137,8 @@ class Target:
             )
         for h in self._hooks:
             h.remove()
+        if getattr(self, "_aot", None) is not None and ids != self.aux_layer_ids:
+            self._aot = "pending"  # the graph returns the aux states it was traced with
         self.aux_layer_ids = ids
         self._hooks = [
             self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in sorted(set(ids))
@@ -195,7 +211,17 @@ class Target:
         self._capture = capture_aux  # read by the aux capture hooks
         self._captured = {}
         try:
-            if self._compiled is not None and getattr(cache, "static", False):  # a static cache carries a mask
+            graph = self.load_graph() if self._aot is not None and getattr(cache, "static", False) else None
+            if graph is not None:  # a static cache carries a mask
+                # the graph reads its inputs at the strides it was traced with (contiguous); the buffers
+                # are always contiguous (BatchKV allocates them), and a copy of one would lose the writes
+                if not all(b.is_contiguous() for b in cache.kv.keys + cache.kv.values):
+                    raise AnchorspecError("the AOT graph needs contiguous key/value buffers")
+                small = (input_ids, position_ids, rows, attention_mask, cache.rows, cache.cols)
+                ids, pos, rows, mask, slot_rows, cols = (t.contiguous() for t in small)
+                logits, *aux = graph((ids, pos, rows), mask, slot_rows, cols, cache.kv.keys, cache.kv.values)
+                aux = aux[0] if capture_aux else None  # the graph always returns them: one graph for every step
+            elif self._compiled is not None and getattr(cache, "static", False):
                 # dynamic from the first trace, else each new size costs one more ~40 s compile before dynamo
                 # generalises it: the key length (grows every step), rows and new tokens per row (a chain,
                 # a tree, a plain step; sizes 0 and 1 stay specialised), and the cache's slots and
@@ -211,12 +237,70 @@ class Target:
             self._capture, self._captured, head.anchorspec_rows = False, {}, None
         return TargetOutput(logits=logits, aux=aux)
 
+    def load_graph(self):
+        """The ahead-of-time graph of a static forward_rows (models/compiled.py: aot_compile), built or
+        loaded on first use. Every size is dynamic (rows, new tokens per row, kept rows, key length, the
+        cache's slots and capacity, each from 1 up), so one graph serves plain steps, verifies and the
+        fallback's steps, at any batch; it always captures the aux states (a concatenation of three
+        [B, T, H] tensors: nothing beside a step's weight reads). None, after one line on stderr, where
+        it cannot be compiled (no C++ compiler, say): the target then runs eager steps."""
+        if self._aot is None:
+            raise AnchorspecError("load_graph needs compile(aot=True) first")
+        if self._aot == "pending":
+            from torch.export import Dim
+
+            B, T, K, R = Dim("rows", min=1), Dim("tokens", min=1), Dim("keys", min=2), Dim("kept", min=1)
+            S, C = Dim("slots", min=1), Dim("capacity", min=2)
+            self.compiles += 1
+            try:
+                self._aot = aot_compile(
+                    self.model, self._aot_body, self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
+                    (({0: B, 1: T}, {0: B, 1: T}, {0: R}), {0: B, 2: T, 3: K}, {0: B}, {0: B, 1: T},
+                     [{0: S, 2: C}] * self.num_layers, [{0: S, 2: C}] * self.num_layers),
+                    self.aot_path(), "the target's step graph")
+            except Exception as e:  # noqa: BLE001 (a speed-up that cannot be had must not stop the generation)
+                print(f"anchorspec: the target's step graph could not be compiled ({type(e).__name__}: "
+                      f"{str(e).strip()[:300]}); running eager steps", file=sys.stderr, flush=True)
+                self._aot = None
+        return self._aot
+
+    def aot_path(self, fuse: bool = True) -> Path:
+        """Where this target's AOT graph is kept on this machine (it may not exist yet): it depends on the
+        weights (as loaded: compile() reads them before fusing), whether sibling projections are fused,
+        the config, the aux layers it returns, the CPU and the library versions."""
+        weights = self._weights_key or (weights_digest(self.model), fuse)
+        fields = {"weights": weights, "config": self.config.to_json_string(), "aux": list(self.aux_layer_ids),
+                  "model": type(self.model).__name__}
+        return aot_graph_path("target", fields)
+
+    def _aot_body(self, input_ids, position_ids, rows, mask, cache):
+        self._capture, self._captured = True, {}
+        try:
+            return self._rows_body(input_ids, position_ids, mask, cache, rows, True)
+        finally:
+            self._capture, self._captured = False, {}
+
+    def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
+        """Inputs of the AOT graph's shapes, to trace it: every size distinct and >= 2."""
+        c, device, dtype = self.config, self.embed_weight.device, self.dtype
+        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
+        positions = (past + torch.arange(tokens, device=device)).expand(rows, tokens).contiguous()
+        mask = torch.zeros(rows, 1, tokens, past + tokens, dtype=dtype, device=device)
+        keep = torch.arange(kept, device=device)
+        slot_rows = torch.arange(rows, device=device)[:, None]
+        cols = positions.clone()
+        kv = [[torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+               for _ in range(self.num_layers)] for _ in range(2)]
+        return (ids, positions, keep), mask, slot_rows, cols, kv[0], kv[1]
+
     def _row_selecting_head(self) -> nn.Module:
         """The LM head, with the row-selecting pre-hook registered once per module (looked up per call:
         packing may have replaced the head since this Target was made)."""
         head = self.model.get_output_embeddings()
-        if not hasattr(head, "anchorspec_rows"):
-            head.anchorspec_rows = None
+        if not getattr(head, "anchorspec_row_hook", False):  # a flag of its own: anchorspec_rows is set per call
+            head.anchorspec_rows, head.anchorspec_row_hook = None, True
             head.register_forward_pre_hook(_select_rows, with_kwargs=True)
         return head
 
@@ -225,7 +309,7 @@ class Target:
         passes through are registered once (dynamo does not see a hook added after it traced), and
         `rows` reaches the LM head's hook through an attribute set here, so that dynamo sees it as
         this call's input rather than a constant."""
-        head = self.model.get_output_embeddings()
+        head = self._row_selecting_head()  # registered before any trace (an AOT graph may be traced first)
         head.anchorspec_rows = rows
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                          **{self._cache_kwarg: cache}, use_cache=True)

@@ -3,7 +3,8 @@ on the first N MT-bench first turns (chat template, T=0, 128 new tokens), each a
 generation; the engine's own timers (prefill, drafting, verification, the rest: acceptance, cache commits,
 the shape monitor, Python) per verify step, against the same engine's plain step.
 
-    python benchmarks/results/s45/spec_phases.py [--compile] [--limit 10] [--threads 2]"""
+    python benchmarks/results/s45/spec_phases.py [--compile] [--no-fallback] [--limit 10] [--threads 2]
+(--no-fallback since session 46)"""
 import argparse, statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
@@ -12,12 +13,13 @@ from anchorspec import load  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--compile", action="store_true")
+ap.add_argument("--no-fallback", action="store_true", help="speculate at every step (load(fallback=False))")
 ap.add_argument("--limit", type=int, default=10)
 ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
 t0 = time.perf_counter()
 e = load("smollm2-135m-instruct", str(REPO_ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3.1"), dtype="auto",
-         threads=a.threads, compile=a.compile)
+         threads=a.threads, compile=a.compile, fallback=not a.no_fallback)
 print(f"load: {time.perf_counter() - t0:.0f} s", flush=True)
 tot = dict(prefill=0.0, draft=0.0, verify=0.0, total=0.0, steps=0, plain_steps=0, tokens=0, plain_s=0.0, accepted=0)
 for p in load_prompts(DEFAULT_DATA, a.limit):
@@ -33,7 +35,7 @@ for p in load_prompts(DEFAULT_DATA, a.limit):
 rest = tot["total"] - tot["prefill"] - tot["draft"] - tot["verify"]
 st = max(tot["steps"], 1)
 plain_ms = tot["plain_s"] / tot["plain_tokens"] * 1e3
-print(f"{e.target.dtype}, compile {a.compile}, {a.threads} threads, {a.limit} prompts: {tot['tokens'] / tot['total']:.1f} tok/s "
+print(f"{e.target.dtype}, compile {a.compile}, fallback {not a.no_fallback}, shape {e.shape} ({e.shape_source}), {a.threads} threads, {a.limit} prompts: {tot['tokens'] / tot['total']:.1f} tok/s "
       f"speculative, {1e3 / plain_ms:.1f} plain ({plain_ms:.1f} ms a token); {tot['steps']} verify steps, "
       f"{tot['plain_steps']} fallback plain steps, tau {(tot['accepted'] + tot['steps']) / st:.2f}")
 print(f"per verify step: drafting {tot['draft'] / st * 1e3:.1f} ms, verification {tot['verify'] / st * 1e3:.1f} ms, "
