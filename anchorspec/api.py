@@ -144,7 +144,9 @@ class Engine:
         decoding, and with a drafter a prefill, a chain step and a step of each candidate tree, a plain
         step inside the speculative loop (the fallback's: it captures the target's features, so it is
         not plain decoding's graph; `--compile` compiled it mid-run on MT-bench, session 44) and the
-        drafter's catch-up after it. Returns the graphs compiled."""
+        drafter's catch-up after it. An AOT-compiled target (a CPU's) has one graph for all of these:
+        building or loading it is the whole warm-up, unless the drafter is torch-compiled too. Returns
+        the graphs compiled (or loaded)."""
         before = graphs_compiled()
         if self.target.aot and (self.drafter is None or not self.drafter.compiled):
             self.target.load_graph()  # one graph serves every step: building or loading it is the whole warm-up

@@ -1,10 +1,15 @@
-"""torch.compile for decode-time forwards (the target's and the drafter's), written once.
+"""Compiled decode-time forwards (the target's and the drafter's), written once.
 
 Both compile one plain function over a static cache (decode/batch.py's ForwardCache with a mask):
 inductor with the weights frozen, so on CPU each linear layer uses oneDNN's prepacked kernels and
-the small ops between them fuse. Sizes that change from step to step are marked dynamic from the
-first trace; otherwise each new size costs one more compile (tens of seconds) before dynamo
-generalises it.
+the small ops between them fuse. Two ways:
+- torch.compile (`frozen_compile`): sizes that change from step to step are marked dynamic from the
+  first trace; otherwise each new size costs one more compile (tens of seconds) before dynamo
+  generalises it. Every process compiles again.
+- ahead of time (`aot_compile`, a CPU target's default): torch.export with every size symbolic, then
+  AOTInductor; one file per model and machine under $ANCHORSPEC_HOME/compiled/, loaded in seconds by
+  every later process. The graph reads its cache through a StaticCache (`write_and_read`, the same
+  writes and reads ForwardCache makes in a static forward).
 """
 
 from __future__ import annotations

@@ -94,17 +94,18 @@ class Target:
 
     def compile(self, enabled: bool = True, fuse: bool = True, aot: bool | None = None) -> None:
         """Run decode and verify forwards (`forward_rows` with a static cache, see decode/batch.py)
-        through torch.compile: inductor with the weights frozen, so on CPU each linear layer uses
-        oneDNN's prepacked kernels (bf16 weight reads ~1.5x faster than eager's) and the small ops
-        between them fuse. Batch size, new tokens per row, rows kept, key length and the cache's
-        slots and capacity are dynamic dimensions, so a few graphs serve every step (one per
-        combination of size 1 or more: a plain step, a verify, at batch 1 or more), ~45 s each for
-        SmolLM2-135M on one core (a frozen graph is not reused from inductor's disk cache, so every
-        process pays it again). Prefills stay eager. Measured on an
-        AVX-512-bf16 EPYC, bf16, 1 thread: the plain loop 1.63x HF `generate`, against 1.44x for
-        packing alone (docs/results.md, "a lean step"). `fuse`: q/k/v and gate/up first become one
-        product each (models/packed.py, stock weights the frozen graph packs): inductor calls each
-        linear layer on its own, 7 calls a layer where 4 do (session 45, benchmarks/bench_lean_step.py)."""
+        through an inductor graph with the weights frozen, so on CPU each linear layer uses oneDNN's
+        prepacked kernels and the small ops between them fuse. Prefills stay eager.
+
+        `aot` (default: on a CPU): one graph compiled ahead of time (`load_graph`, models/compiled.py),
+        every size dynamic, kept on disk per model and machine: ~75-95 s to compile for SmolLM2-135M on 2
+        cores the first time, 2-3 s to load after (session 46: the plain loop 2.19x HF `generate` in bf16
+        on an AMX Xeon, against 1.72x with torch.compile). Otherwise (CUDA) torch.compile: batch size, new
+        tokens per row, rows kept, key length and the cache's slots and capacity are dynamic, so a few
+        graphs serve every step (a plain step, a verify, at batch 1 or more), ~60 s each, in every
+        process (inductor's disk cache skips graphs with prepacked constants). `fuse`: q/k/v and gate/up
+        first become one product each (models/packed.py, stock weights the frozen graph packs): inductor
+        calls each linear layer on its own, 7 calls a layer where 4 do (session 45)."""
         if not enabled:
             self._compiled = self._aot = None
             return
