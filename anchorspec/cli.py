@@ -562,7 +562,8 @@ def cmd_tune(args) -> int:
         raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
     texts = read_prompts(args.prompts)[:args.limit] if args.prompts else None  # a bad file fails before loading
     _set_threads(args.threads)
-    engine = load(args.target, args.drafter, args.dtype, shape=DEFAULT_TREE)  # every candidate gets measured
+    # every candidate gets measured, on the steps `generate` will run (--compile auto: the graph if on disk)
+    engine = load(args.target, args.drafter, args.dtype, shape=DEFAULT_TREE, compile="auto")
     tok = engine.tokenizer
     if texts is not None:
         prompts = [engine.encode(p, chat=True) for p in texts]
@@ -575,7 +576,8 @@ def cmd_tune(args) -> int:
     meta = {"target": args.target, "drafter": args.drafter, "dtype": str(engine.target.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(), "prompts": len(prompts), "new_tokens": args.new_tokens, "key": key}
     save_profile(path, estimates, plain_s, context, meta)
-    print(f"plain decoding: {1 / plain_s:.1f} tok/s (verification context {context} tokens)")
+    steps = "compiled target steps" if engine.target.compiled else "eager target steps"
+    print(f"plain decoding: {1 / plain_s:.1f} tok/s ({steps}; verification context {context} tokens)")
     print("| shape (top_k,depth,total) | tau | draft ms | verify ms | expected tok/s | vs plain |")
     print("|---|---|---|---|---|---|")
     for e in estimates[: args.show]:

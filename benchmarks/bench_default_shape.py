@@ -6,7 +6,8 @@ prompts, as in one process); none reads or writes the costs earlier runs kept (`
 every run starts as a fresh machine does.
 
     python benchmarks/bench_default_shape.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
-        --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] [--temperature 1] --out FILE.json
+        --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] [--temperature 1] [--compile]
+        [--mean-rule] --out FILE.json
 
 Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
 tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
@@ -41,6 +42,9 @@ def main(argv=None) -> int:
                    help="also a fixed shape (fallback on), repeatable")
     p.add_argument("--random-drafter", help="also the default path with this (untrained) drafter")
     p.add_argument("--no-hf", action="store_true", help="skip HF generate (the slowest method)")
+    p.add_argument("--compile", action="store_true", help="every engine with load(compile=True) (HF stays stock)")
+    p.add_argument("--mean-rule", action="store_true",
+                   help="also the default path switching off on the window's mean (the rule before session 46)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample the project's methods at this temperature, seeded per prompt (HF stays greedy)")
     args = p.parse_args(argv)
@@ -48,7 +52,7 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.data, args.limit, args.every)
 
     def engine(drafter=None, **kw):
-        return load(args.target, drafter, args.dtype, threads=args.threads, remember=False, **kw)
+        return load(args.target, drafter, args.dtype, threads=args.threads, remember=False, compile=args.compile, **kw)
 
     plain = engine()
     default = engine(args.drafter)
@@ -57,6 +61,10 @@ def main(argv=None) -> int:
                "no-fallback": (engine(args.drafter, fallback=False), {}), "chains-only": (chains_only, None)}
     for text in args.shape:
         methods[text] = (default, {"shape": TreeShape.parse(text)})
+    if args.mean_rule:
+        mean_rule = engine(args.drafter)
+        mean_rule.monitor.standard_errors = 0.0
+        methods["mean-rule"] = (mean_rule, {})
     if args.random_drafter:
         methods["random"] = (engine(args.random_drafter), {})
     stock = None if args.no_hf else Engine(stock_twin(plain.target, args.target, plain.target.dtype))

@@ -97,7 +97,11 @@ class RequestState:
 
     @property
     def plausible_tau(self) -> float | None:
-        """The highest tau the window still plausibly comes from: its mean plus one standard error.
+        return self.upper_tau(1.0)
+
+    def upper_tau(self, standard_errors: float) -> float | None:
+        """The highest tau the window still plausibly comes from: its mean plus `standard_errors` (the
+        monitor's, 1 by default; 0 is the rule before session 46) standard errors.
         A switch off waits until even that is below tau*: four steps of a drafter at tau 2.6 average
         below tau* ~1.7 often enough by chance (accepted lengths of 1 and 2 come in runs) that, with the
         cheap AOT-compiled step, `generate` spent half its steps plain on MT-bench, at 0.85x of always
@@ -108,7 +112,7 @@ class RequestState:
             return None
         mean = sum(self.window) / n
         spread = (sum((x - mean) ** 2 for x in self.window) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        return mean + spread / n ** 0.5
+        return mean + standard_errors * spread / n ** 0.5
 
 
 EXACT_UP_TO = 16  # work up to this has a bucket per value: small GEMMs' costs jump between sizes
@@ -227,6 +231,7 @@ class DriftMonitor:
         # first few steps of one prompt (a slow start is common) must not turn speculation off for all
         self.global_min_steps = min(global_min_steps, global_window)
         self.fixed_threshold, self.enabled = threshold, enabled
+        self.standard_errors = 1.0  # a stream switches off when its window's mean + this many standard errors < tau*
         self.forward, self.drafting = ForwardCosts(smoothing), CostCurve(smoothing)
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
         self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
@@ -311,7 +316,7 @@ class DriftMonitor:
         if kind == "speculative":
             state.window.append(accepted + 1)
             self.recent.append(accepted + 1)
-            if state.speculating and not self._pays(state.plausible_tau, len(state.window)):
+            if state.speculating and not self._pays(state.upper_tau(self.standard_errors), len(state.window)):
                 self._switch_off(state)
                 return "off"
         if kind != "prefill" and not state.speculating:  # a step of a switched-off request (or one riding
