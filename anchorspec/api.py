@@ -148,8 +148,10 @@ class Engine:
         building or loading it is the whole warm-up, unless the drafter is torch-compiled too. Returns
         the graphs compiled (or loaded)."""
         before = graphs_compiled()
-        if self.target.aot and (self.drafter is None or not self.drafter.compiled):
+        if self.target.aot and (self.drafter is None or self.drafter.aot or not self.drafter.compiled):
             self.target.load_graph()  # one graph serves every step: building or loading it is the whole warm-up
+            if self.drafter is not None and self.drafter.aot:
+                self.drafter.load_graph()  # and one every drafter pass past the prompt
             return graphs_compiled() - before
         prompt = torch.arange(1, 25) % self.target.vocab_size
         cfg = GenerationConfig(max_new_tokens=64)  # no stop token: every step below has tokens to decode
@@ -237,7 +239,7 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
     frozen graph packs the weights itself, so `pack` is off for the target then): on a CPU one graph
     compiled ahead of time, once per model and machine, and loaded in seconds by every later process;
-    the drafter's passes then run packed (as `pack` says). On CUDA torch.compile for both, every graph
+    the drafter's passes likewise (a graph of their own). On CUDA torch.compile for both, every graph
     compiled before load returns (Engine.warm_up). "auto": compile on a CPU when the AOT graph for this
     target (weights, aux layers) and machine is already on disk (`anchorspec compile` writes it), else
     as False.
@@ -261,11 +263,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
             pack_linears(loaded.model, fuse=True)  # what load_target does with pack auto
     if compile:
         loaded.compile()
-        if d is not None and not loaded.aot:
-            d.compile()
-        elif d is not None and resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
-            # no AOT graph for the drafter yet: packed eager passes, as beside a packed target
-            pack_linears(d, keep_weights=True)
+        if d is not None:
+            d.compile(aot=loaded.aot)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
     if remember is None:
         remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
     costs_file = None

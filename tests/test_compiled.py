@@ -183,12 +183,12 @@ def test_aot_graph_is_kept_for_later_processes(compiled_llama, monkeypatch):
 def test_a_graph_that_cannot_be_compiled_leaves_eager_steps(monkeypatch, capsys):
     """Compiling needs a C++ compiler, among other things: where it fails, one line says so and the
     generation goes on with eager steps, the same tokens."""
-    import anchorspec.models.target as target_module
+    import anchorspec.models.compiled as compiled_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(target_module, "aot_compile", broken)
+    monkeypatch.setattr(compiled_module, "aot_compile", broken)
     target = tiny_target("llama")
     target.compile()
     cfg = GenerationConfig(max_new_tokens=12)
@@ -318,7 +318,8 @@ def test_compiled_drafter_in_batched_rounds(monkeypatch):
 
 
 def test_warm_up_compiles_every_graph_a_generation_meets():
-    """load(compile=True) warms every graph family up front (Engine.warm_up). With only plain decoding
+    """load(compile=True) warms every graph family up front (Engine.warm_up), torch.compile's (CUDA's path;
+    ahead of time there are two graphs, the target's and the drafter's, built or loaded). With only plain decoding
     and a speculative generation warmed (the control, what a benchmark's warm-up ran in session 44), a
     generation whose fallback switches to plain steps and back, exploring a tree, still compiled a graph
     mid-run; after warm_up it compiles none."""
@@ -326,12 +327,12 @@ def test_warm_up_compiles_every_graph_a_generation_meets():
     from anchorspec.models.compiled import graphs_compiled
     from test_fallback import price_tree, switching
 
-    def engine():
+    def engine(aot=False):
         torch._dynamo.reset()
         target = tiny_target("llama")
-        target.compile()
+        target.compile(aot=aot)
         drafter = random_drafter(target)
-        drafter.compile()
+        drafter.compile(aot=aot)
         e = Engine(target, drafter)
         e.monitor = switching(plain=1.0, verify_per_token=0.5)  # speculation does not pay: plain steps, retries
         price_tree(e.monitor, 0.1)
@@ -353,4 +354,7 @@ def test_warm_up_compiles_every_graph_a_generation_meets():
     warmed = engine()
     assert warmed.warm_up() > 0
     assert compiled_during(warmed) == 0
+    ahead = engine(aot=True)  # a CPU's default: one graph each, the warm-up builds or loads both
+    assert ahead.warm_up() == 2 and ahead.target.compiles == ahead.drafter.compiles == 1
+    assert compiled_during(ahead) == 0
     torch._dynamo.reset()

@@ -195,3 +195,26 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
     if path in _aot_keys:
         atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(_aot_keys[path]))
     print(f"anchorspec: compiled {what} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tuple[tuple[str, ...], ...],
+               layers: int, path: Path, what: str) -> Callable | None:
+    """aot_compile for a static-cache step: `args` names each leading input's dimensions ("rows",
+    "tokens", "kept"); the mask [rows, 1, tokens, keys], the cache's slot rows and columns and `layers`
+    key and value buffers [slots, heads, capacity, head_dim] are laid out as StaticCache reads them.
+    Every size is dynamic from 1 up (keys and capacity from 2). None, after one line on stderr, where
+    the graph cannot be compiled (no C++ compiler, say): the caller then runs eager."""
+    from torch.export import Dim
+
+    dims = {name: Dim(name, min=1) for name in ("rows", "tokens", "kept", "slots")}
+    dims.update(keys=Dim("keys", min=2), capacity=Dim("capacity", min=2))
+    B, T, S, C = dims["rows"], dims["tokens"], dims["slots"], dims["capacity"]
+    buffers = [{0: S, 2: C}] * layers
+    dynamic = (tuple({i: dims[n] for i, n in enumerate(names)} for names in args), {0: B, 2: T, 3: dims["keys"]},
+               {0: B}, {0: B, 1: T}, buffers, buffers)
+    try:
+        return aot_compile(owner, body, example, dynamic, path, what)
+    except Exception as e:  # noqa: BLE001 (a speed-up that cannot be had must not stop the generation)
+        print(f"anchorspec: {what} could not be compiled ({type(e).__name__}: {str(e).strip()[:300]}); running "
+              "eager", file=sys.stderr, flush=True)
+        return None

@@ -20,9 +20,11 @@ The token embedding is the target's (frozen, shared, never saved).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,7 +35,8 @@ from torch import nn
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
 from .attention import grouped_attention
-from .compiled import frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims
+from .compiled import (aot_graph_path, frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims, step_graph,
+                       weights_digest)
 from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
 from .vocab_map import vocab_mapping
 
@@ -338,7 +341,8 @@ class Eagle3Drafter(nn.Module):
         # Not a buffer: `.to(bfloat16)` must not round the RoPE frequencies (the target keeps them in fp32).
         self._inv_freq = rope_inv_freq(cfg).float()
         self.embed_weight: torch.Tensor | None = None  # the target's, bound by bind_target_embedding
-        self._compiled = None  # compile(): the inductor-compiled forward_rows body
+        self._compiled = None  # compile(aot=False): the torch-compiled forward_rows body
+        self._aot = None  # compile(aot=True): "pending" until the first static pass builds or loads its graph
         self.compiles = 0  # graphs compiled during this drafter's compiled passes
 
     # --- wiring ---------------------------------------------------------------------------------
@@ -435,20 +439,78 @@ class Eagle3Drafter(nn.Module):
 
     @property
     def compiled(self) -> bool:
-        return self._compiled is not None
+        return self._compiled is not None or self._aot is not None
 
-    def compile(self, enabled: bool = True) -> None:
+    @property
+    def aot(self) -> bool:
+        return self._aot is not None
+
+    def compile(self, enabled: bool = True, aot: bool | None = None) -> None:
         """Run decode-time passes over a static cache (`forward_rows` with a ForwardCache that carries
         its mask: decode/drafting.py's passes after the prompt, on slots 0..B-1) through torch.compile,
         as Target.compile does for the target (models/compiled.py): 14-20 % less time per draft, bf16,
         1 thread (benchmarks/bench_drafter_compile.py). Compile it only for decoding: the weights are
-        frozen into the graph, so training must not use a compiled drafter."""
-        self._compiled = frozen_compile(self._rows_body) if enabled else None
+        frozen into the graph, so training must not use a compiled drafter. `aot` (default: on a CPU):
+        one graph compiled ahead of time and kept on disk, as the target's (`load_graph`)."""
+        if not enabled:
+            self._compiled = self._aot = None
+            return
+        if aot is None:
+            aot = self.fc.weight.device.type == "cpu"
+        self._compiled, self._aot = (None, "pending") if aot else (frozen_compile(self._rows_body), None)
+
+    def load_graph(self):
+        """The ahead-of-time graph of a static forward_rows pass (models/compiled.py: aot_compile), built
+        or loaded on first use; every size dynamic from 1 up, so one graph serves every pass past the
+        prompt. None, after one line on stderr, where it cannot be compiled (then passes run eager)."""
+        if self._aot is None:
+            raise AnchorspecError("load_graph needs compile(aot=True) first")
+        if self._aot == "pending":
+            self.compiles += 1
+            self._aot = step_graph(self, self._aot_body,
+                                   self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
+                                   (("rows", "tokens"), ("rows", "tokens"), ("rows", "tokens"), ("kept",)),
+                                   len(self.decoder_layers), self.aot_path(), "the drafter's pass graph")
+        return self._aot
+
+    def aot_path(self) -> Path:
+        """Where this drafter's AOT graph is kept on this machine: its weights, the target embedding it
+        reads, its config, the CPU and the library versions."""
+        if self.embed_weight is None:
+            raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
+        embedding = hashlib.blake2b(self.embed_weight.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+                                    .numpy().tobytes(), digest_size=16).hexdigest()
+        fields = {"weights": weights_digest(self), "embedding": embedding,
+                  "config": json.dumps(asdict(self.config), sort_keys=True, default=str)}
+        return aot_graph_path("drafter", fields)
+
+    def _aot_body(self, token_ids, x_in, position_ids, rows, mask, cache):
+        return rows_forward(self, token_ids, x_in, position_ids, cache, mask, rows)
+
+    def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
+        """Inputs of the AOT graph's shapes, to trace it: every size distinct and >= 2."""
+        c, device, dtype = self.config, self.fc.weight.device, self.fc.weight.dtype
+        ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
+        x_in = torch.zeros(rows, tokens, c.hidden_size, dtype=dtype, device=device)
+        positions = (past + torch.arange(tokens, device=device)).expand(rows, tokens).contiguous()
+        mask = torch.zeros(rows, 1, tokens, past + tokens, dtype=dtype, device=device)
+        keep = torch.arange(kept, device=device)
+        slot_rows = torch.arange(rows, device=device)[:, None]
+        kv = [[torch.zeros(slots, c.num_key_value_heads, capacity, c.head_dim, dtype=dtype, device=device)
+               for _ in self.decoder_layers] for _ in range(2)]
+        return (ids, x_in, positions, keep), mask, slot_rows, positions.clone(), kv[0], kv[1]
 
     def forward_rows(self, token_ids, x_in, position_ids, cache, mask, rows: torch.Tensor):
         """The passes of one padded forward [B, T]: (draft logits, fed-back state, raw state h), each
         for the flat rows `rows` (b * T + t) only. Through the compiled graph when compiled and the
         cache is static (it then carries `mask` as its `static_mask`), else eager."""
+        graph = self.load_graph() if self._aot is not None and getattr(cache, "static", False) else None
+        if graph is not None:
+            if not all(b.is_contiguous() for b in cache.kv.keys + cache.kv.values):
+                raise AnchorspecError("the AOT graph needs contiguous key/value buffers")
+            small = (token_ids, x_in, position_ids, rows, mask, cache.rows, cache.cols)
+            ids, x, pos, keep, mask, slot_rows, cols = (t.contiguous() for t in small)
+            return tuple(graph((ids, x, pos, keep), mask, slot_rows, cols, cache.kv.keys, cache.kv.values))
         if self._compiled is not None and getattr(cache, "static", False):
             mark_dynamic([(mask, (0, 2, 3)), (token_ids, (0, 1)), (position_ids, (0, 1)), (x_in, (0, 1)), (rows, (0,)),
                           *static_cache_dims(cache)])

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import AnchorspecError
 from .attention import use_grouped_attention, uses_grouped_attention
-from .compiled import (aot_compile, aot_graph_path, frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims,
+from .compiled import (aot_graph_path, frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims, step_graph,
                        weights_digest)
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
@@ -248,21 +248,11 @@ class Target:
         if self._aot is None:
             raise AnchorspecError("load_graph needs compile(aot=True) first")
         if self._aot == "pending":
-            from torch.export import Dim
-
-            B, T, K, R = Dim("rows", min=1), Dim("tokens", min=1), Dim("keys", min=2), Dim("kept", min=1)
-            S, C = Dim("slots", min=1), Dim("capacity", min=2)
             self.compiles += 1
-            try:
-                self._aot = aot_compile(
-                    self.model, self._aot_body, self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
-                    (({0: B, 1: T}, {0: B, 1: T}, {0: R}), {0: B, 2: T, 3: K}, {0: B}, {0: B, 1: T},
-                     [{0: S, 2: C}] * self.num_layers, [{0: S, 2: C}] * self.num_layers),
-                    self.aot_path(), "the target's step graph")
-            except Exception as e:  # noqa: BLE001 (a speed-up that cannot be had must not stop the generation)
-                print(f"anchorspec: the target's step graph could not be compiled ({type(e).__name__}: "
-                      f"{str(e).strip()[:300]}); running eager steps", file=sys.stderr, flush=True)
-                self._aot = None
+            self._aot = step_graph(self.model, self._aot_body,
+                                   self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
+                                   (("rows", "tokens"), ("rows", "tokens"), ("kept",)), self.num_layers,
+                                   self.aot_path(), "the target's step graph")
         return self._aot
 
     def aot_path(self, fuse: bool = True) -> Path:
