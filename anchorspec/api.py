@@ -257,7 +257,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     if compile not in (True, False, "auto"):
         raise AnchorspecError(f"compile must be True, False or 'auto', got {compile!r}")
     loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)
-    if compile == "auto":  # the AOT graph if an earlier process compiled it for this model and machine
+    auto = compile == "auto"
+    if auto:  # the AOT graph if an earlier process compiled it for this model and machine
         compile = loaded.embed_weight.device.type == "cpu" and loaded.aot_path().exists()
         if not compile and resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
             pack_linears(loaded.model, fuse=True)  # what load_target does with pack auto
@@ -272,6 +273,10 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
         variant = ("aot" if loaded.aot else "compiled") if compile else "packed" if is_packed(loaded.model) else "eager"
         costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
     engine = Engine(loaded, d, shape, fallback, costs_file)
+    if auto and d is not None and d.aot and not d.aot_path().exists():  # auto compiles nothing: this drafter's
+        d.compile(False)                                               # passes run packed and eager instead
+        if resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
+            pack_linears(d, keep_weights=True)
     if compile:
         engine.warm_up()  # every graph now, none in the middle of a generation
     if d is not None and shape is None:

@@ -656,6 +656,9 @@ def cmd_compile(args) -> int:
     path = target.aot_path()
     print(f"{path} ({path.stat().st_size / 1e6:.0f} MB): the {target.dtype} step graph of {args.target} "
           f"(aux layers {list(target.aux_layer_ids)}), ready in {time.perf_counter() - start:.0f} s")
+    if engine.drafter is not None and engine.drafter.aot:
+        path = engine.drafter.aot_path()
+        print(f"{path} ({path.stat().st_size / 1e6:.0f} MB): the pass graph of the drafter {args.drafter}")
     return 0
 
 

@@ -221,6 +221,20 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
     assert auto.target.aot and not is_packed(auto.target.model)
     assert main(["compile", "--target", str(path), "--dtype", "bfloat16"]) == 0
     assert str(auto.target.aot_path()) in capsys.readouterr().out
+    from transformers import AutoConfig
+
+    from anchorspec.models.drafter import init_drafter, save_drafter
+
+    drafter = tmp_path / "d"
+    save_drafter(init_drafter(AutoConfig.from_pretrained(path), "eagle3.1", draft_vocab_size=64, seed=1), drafter,
+                 dtype=torch.bfloat16)
+    beside = load(str(path), str(drafter), dtype="bfloat16", compile="auto", pack="on")  # no drafter graph yet
+    assert beside.target.aot and not beside.drafter.compiled and is_packed(beside.drafter)
+    assert main(["compile", "--target", str(path), "--drafter", str(drafter), "--dtype", "bfloat16"]) == 0
+    assert "the pass graph of the drafter" in capsys.readouterr().out
+    both = load(str(path), str(drafter), dtype="bfloat16", compile="auto", pack="on", fallback=False)
+    assert both.target.aot and both.drafter.aot and not is_packed(both.drafter)
+    assert both.generate("hello", max_new_tokens=6).stats.verify_steps > 0 and both.drafter.compiles == 1  # loaded
     other = save_tiny_chat_target(tmp_path / "other", dtype=torch.bfloat16, seed=3)  # no graph on disk for it
     fresh = load(str(other), dtype="bfloat16", compile="auto", pack="on")
     assert not fresh.target.compiled and is_packed(fresh.target.model)
