@@ -35,7 +35,7 @@ from .models.hub import resolve_target
 from .models.packed import is_packed, pack_linears, packing_supported
 from .models.dtype import model_shapes, resolve_packing, resolve_target_dtype
 from .models.compiled import graphs_compiled
-from .models.target import Target, load_target
+from .models.target import Target, load_target, pack_if_faster
 
 # The server's and `tune`'s starting shape. CPU-sized: a 16-token verification costs ~1.6x a decode step
 # here, 32 tokens ~2.2x (benchmarks/bench_core.py); EAGLE's GPU default (10, 7, 60) would need tau > 4
@@ -260,8 +260,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     auto = compile == "auto"
     if auto:  # the AOT graph if an earlier process compiled it for this model and machine
         compile = loaded.embed_weight.device.type == "cpu" and loaded.aot_path().exists()
-        if not compile and resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
-            pack_linears(loaded.model, fuse=True)  # what load_target does with pack auto
+        if not compile:
+            pack_if_faster(loaded.model, pack, torch_dtype)  # as load_target would have
     if compile:
         loaded.compile()
         if d is not None:

@@ -168,9 +168,9 @@ def test_aot_graph_is_kept_for_later_processes(compiled_llama, monkeypatch):
     good = path.read_bytes()
     rebuilt = []
 
-    def rebuild(owner, body, example, dynamic, dest, what):  # stands in for a real compile (~30 s)
-        rebuilt.append(dest)
-        dest.write_bytes(good)
+    def rebuild(owner, body, example, dynamic, key, what):  # stands in for a real compile (~30 s)
+        rebuilt.append(key[0])
+        key[0].write_bytes(good)
 
     monkeypatch.setattr(compiled_module, "_aot_write", rebuild)
     path.write_bytes(b"not a graph")

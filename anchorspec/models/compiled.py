@@ -25,6 +25,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..errors import AnchorspecError
+
 
 def graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process. A step during which it grew took tens of seconds
@@ -110,11 +112,12 @@ class _StepModule(torch.nn.Module):
         return self._body(*args, mask=mask, cache=StaticCache(keys, values, rows, cols, mask))
 
 
-def weights_digest(module: torch.nn.Module) -> str:
-    """A digest of every parameter and buffer (names, shapes, dtypes, bytes): a graph with frozen weights
-    is valid for these weights only. ~0.3 s for SmolLM2-135M."""
+def weights_digest(module: torch.nn.Module, extra: dict[str, torch.Tensor] | None = None) -> str:
+    """A digest of every parameter and buffer, and of the `extra` tensors a forward reads beside them
+    (names, shapes, dtypes, bytes): a graph with frozen weights is valid for these weights only. ~0.3 s
+    for SmolLM2-135M."""
     h, seen = hashlib.blake2b(digest_size=16), set()
-    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+    for name, t in [*module.named_parameters(), *module.named_buffers(), *(extra or {}).items()]:
         if t is None or t.is_mkldnn or (t.data_ptr(), t.dtype, tuple(t.shape)) in seen:
             continue
         seen.add((t.data_ptr(), t.dtype, tuple(t.shape)))
@@ -123,10 +126,10 @@ def weights_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def aot_graph_path(what: str, fields: dict) -> Path:
-    """Where the graph for `fields` lives on this machine: $ANCHORSPEC_HOME/compiled/<what>-<digest>.pt2,
-    the digest over `fields`, the CPU (model and flags) and the torch and transformers versions (the
-    code a graph was traced from and compiled against)."""
+def aot_graph_key(what: str, fields: dict) -> tuple[Path, str]:
+    """Where the graph for `fields` lives on this machine, $ANCHORSPEC_HOME/compiled/<what>-<digest>.pt2,
+    and the key it is named after (JSON, written beside it as <name>.json): `fields`, the CPU (model and
+    flags) and the torch and transformers versions (the code a graph was traced from and compiled against)."""
     import transformers
 
     from .dtype import machine_key
@@ -135,19 +138,15 @@ def aot_graph_path(what: str, fields: dict) -> Path:
     key = {**machine_key(), "transformers": transformers.__version__, "format": AOT_FORMAT, **fields}
     key.pop("threads")  # the kernels take the thread count at run time
     text = json.dumps(key, sort_keys=True, default=str)
-    path = cache_home() / "compiled" / f"{what}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"
-    _aot_keys[path] = text  # written beside the graph (<name>.json): what it was compiled for
-    return path
+    return cache_home() / "compiled" / f"{what}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2", text
 
 
-_aot_keys: dict[Path, str] = {}
-
-
-def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: tuple, path: Path,
+def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: tuple, key: tuple[Path, str],
                 what: str) -> Callable:
     """`body(*args, mask=, cache=)` as an AOTInductor graph: loaded from `path` if an earlier process compiled
-    it, else exported (torch.export, the sizes in `dynamic` symbolic), compiled with the weights frozen
-    (on a CPU oneDNN prepacks each linear layer's weight), written to `path` atomically and loaded.
+    it (`key`: aot_graph_key's path and key), else exported (torch.export, the sizes in `dynamic`
+    symbolic), compiled with the weights frozen (on a CPU oneDNN prepacks each linear layer's weight),
+    written to `path` atomically and loaded.
     `example` is (args, mask, rows, cols, keys, values) with every dynamic size >= 2 and distinct from the
     others. Returns a callable taking the same. Compiling costs about a minute and a half for
     SmolLM2-135M on 2 cores; loading a few seconds; unlike torch.compile's graphs (inductor does not
@@ -155,6 +154,7 @@ def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic:
     global _aot_built
     import torch._inductor
 
+    path = key[0]
     if path.exists():
         try:
             runner = torch._inductor.aoti_load_package(str(path))
@@ -163,17 +163,19 @@ def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic:
         except Exception as e:  # noqa: BLE001 (a damaged or foreign file: compile it again)
             print(f"anchorspec: {path} did not load ({type(e).__name__}: {str(e)[:200]}); compiling it again",
                   file=sys.stderr, flush=True)
-    _aot_write(owner, body, example, dynamic, path, what)
+    _aot_write(owner, body, example, dynamic, key, what)
     runner = torch._inductor.aoti_load_package(str(path))
     _aot_built += 1
     return runner
 
 
-def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: tuple, path: Path, what: str) -> None:
+def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: tuple, key: tuple[Path, str],
+               what: str) -> None:
     import torch._inductor
 
     from ..atomic import atomic_write, make_temp_dir
 
+    path, text = key
     print(f"anchorspec: compiling {what} for this machine (once, about a minute or two; then kept in "
           f"{path})", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -192,13 +194,12 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
             shutil.rmtree(work, ignore_errors=True)
 
     atomic_write(path, write)
-    if path in _aot_keys:
-        atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(_aot_keys[path]))
+    atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(text))
     print(f"anchorspec: compiled {what} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tuple[tuple[str, ...], ...],
-               layers: int, path: Path, what: str) -> Callable | None:
+               layers: int, key: tuple[Path, str], what: str) -> Callable | None:
     """aot_compile for a static-cache step: `args` names each leading input's dimensions ("rows",
     "tokens", "kept"); the mask [rows, 1, tokens, keys], the cache's slot rows and columns and `layers`
     key and value buffers [slots, heads, capacity, head_dim] are laid out as StaticCache reads them.
@@ -213,8 +214,34 @@ def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tup
     dynamic = (tuple({i: dims[n] for i, n in enumerate(names)} for names in args), {0: B, 2: T, 3: dims["keys"]},
                {0: B}, {0: B, 1: T}, buffers, buffers)
     try:
-        return aot_compile(owner, body, example, dynamic, path, what)
+        return aot_compile(owner, body, example, dynamic, key, what)
     except Exception as e:  # noqa: BLE001 (a speed-up that cannot be had must not stop the generation)
         print(f"anchorspec: {what} could not be compiled ({type(e).__name__}: {str(e).strip()[:300]}); running "
               "eager", file=sys.stderr, flush=True)
         return None
+
+
+def static_example(rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int, kv_heads: int,
+                   head_dim: int, layers: int, dtype: torch.dtype, device) -> tuple:
+    """A static step's inputs of these sizes, to trace its graph (every size distinct and >= 2):
+    (token ids, positions, kept rows), then the mask, slot rows, columns, keys and values as step_graph
+    lays them out."""
+    ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
+    positions = (past + torch.arange(tokens, device=device)).expand(rows, tokens).contiguous()
+    mask = torch.zeros(rows, 1, tokens, past + tokens, dtype=dtype, device=device)
+    keep = torch.arange(kept, device=device)
+    slot_rows = torch.arange(rows, device=device)[:, None]
+    kv = [[torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+          for _ in range(2)]
+    return (ids, positions, keep), mask, slot_rows, positions.clone(), kv[0], kv[1]
+
+
+def run_static(graph: Callable, args: tuple, mask: torch.Tensor, cache) -> list[torch.Tensor]:
+    """`graph` (step_graph's) over a static ForwardCache: the graph reads its inputs at the strides it
+    was traced with (contiguous); the buffers are always contiguous (BatchKV allocates them), and a copy
+    of one would lose the writes."""
+    if not all(b.is_contiguous() for b in cache.kv.keys + cache.kv.values):
+        raise AnchorspecError("the AOT graph needs contiguous key/value buffers")
+    small = (*args, mask, cache.rows, cache.cols)
+    *args, mask, rows, cols = (t.contiguous() for t in small)
+    return graph(tuple(args), mask, rows, cols, cache.kv.keys, cache.kv.values)

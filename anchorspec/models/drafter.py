@@ -20,11 +20,9 @@ The token embedding is the target's (frozen, shared, never saved).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,8 +33,8 @@ from torch import nn
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
 from .attention import grouped_attention
-from .compiled import (aot_graph_path, frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims, step_graph,
-                       weights_digest)
+from .compiled import (aot_graph_key, frozen_compile, graphs_compiled, mark_dynamic, run_static, static_cache_dims,
+                       static_example, step_graph, weights_digest)
 from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
 from .vocab_map import vocab_mapping
 
@@ -343,6 +341,7 @@ class Eagle3Drafter(nn.Module):
         self.embed_weight: torch.Tensor | None = None  # the target's, bound by bind_target_embedding
         self._compiled = None  # compile(aot=False): the torch-compiled forward_rows body
         self._aot = None  # compile(aot=True): "pending" until the first static pass builds or loads its graph
+        self._graph_file = None  # compile(aot=True): (path, key) of that graph, once computed
         self.compiles = 0  # graphs compiled during this drafter's compiled passes
 
     # --- wiring ---------------------------------------------------------------------------------
@@ -458,6 +457,7 @@ class Eagle3Drafter(nn.Module):
         if aot is None:
             aot = self.fc.weight.device.type == "cpu"
         self._compiled, self._aot = (None, "pending") if aot else (frozen_compile(self._rows_body), None)
+        self._graph_file = None  # its key is read from the weights once per compile (aot_path)
 
     def load_graph(self):
         """The ahead-of-time graph of a static forward_rows pass (models/compiled.py: aot_compile), built
@@ -470,35 +470,34 @@ class Eagle3Drafter(nn.Module):
             self._aot = step_graph(self, self._aot_body,
                                    self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
                                    (("rows", "tokens"), ("rows", "tokens"), ("rows", "tokens"), ("kept",)),
-                                   len(self.decoder_layers), self.aot_path(), "the drafter's pass graph")
+                                   len(self.decoder_layers), self._graph_key(), "the drafter's pass graph")
         return self._aot
 
     def aot_path(self) -> Path:
         """Where this drafter's AOT graph is kept on this machine: its weights, the target embedding it
-        reads, its config, the CPU and the library versions."""
+        reads, its config, the CPU and the library versions (read once per compile: decoding never
+        changes the weights)."""
+        return self._graph_key()[0]
+
+    def _graph_key(self) -> tuple[Path, str]:
         if self.embed_weight is None:
             raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
-        embedding = hashlib.blake2b(self.embed_weight.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-                                    .numpy().tobytes(), digest_size=16).hexdigest()
-        fields = {"weights": weights_digest(self), "embedding": embedding,
-                  "config": json.dumps(asdict(self.config), sort_keys=True, default=str)}
-        return aot_graph_path("drafter", fields)
+        if self._graph_file is None:
+            fields = {"weights": weights_digest(self, {"embedding": self.embed_weight}),
+                      "config": json.dumps(asdict(self.config), sort_keys=True, default=str)}
+            self._graph_file = aot_graph_key("drafter", fields)
+        return self._graph_file
 
     def _aot_body(self, token_ids, x_in, position_ids, rows, mask, cache):
         return rows_forward(self, token_ids, x_in, position_ids, cache, mask, rows)
 
     def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
-        """Inputs of the AOT graph's shapes, to trace it: every size distinct and >= 2."""
+        """Inputs of the AOT graph's shapes (models/compiled.py: static_example), x_in beside the token ids."""
         c, device, dtype = self.config, self.fc.weight.device, self.fc.weight.dtype
-        ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
+        (ids, positions, keep), *rest = static_example(rows, tokens, past, kept, slots, capacity, c.num_key_value_heads,
+                                                       c.head_dim, len(self.decoder_layers), dtype, device)
         x_in = torch.zeros(rows, tokens, c.hidden_size, dtype=dtype, device=device)
-        positions = (past + torch.arange(tokens, device=device)).expand(rows, tokens).contiguous()
-        mask = torch.zeros(rows, 1, tokens, past + tokens, dtype=dtype, device=device)
-        keep = torch.arange(kept, device=device)
-        slot_rows = torch.arange(rows, device=device)[:, None]
-        kv = [[torch.zeros(slots, c.num_key_value_heads, capacity, c.head_dim, dtype=dtype, device=device)
-               for _ in self.decoder_layers] for _ in range(2)]
-        return (ids, x_in, positions, keep), mask, slot_rows, positions.clone(), kv[0], kv[1]
+        return ((ids, x_in, positions, keep), *rest)
 
     def forward_rows(self, token_ids, x_in, position_ids, cache, mask, rows: torch.Tensor):
         """The passes of one padded forward [B, T]: (draft logits, fed-back state, raw state h), each
@@ -506,11 +505,7 @@ class Eagle3Drafter(nn.Module):
         cache is static (it then carries `mask` as its `static_mask`), else eager."""
         graph = self.load_graph() if self._aot is not None and getattr(cache, "static", False) else None
         if graph is not None:
-            if not all(b.is_contiguous() for b in cache.kv.keys + cache.kv.values):
-                raise AnchorspecError("the AOT graph needs contiguous key/value buffers")
-            small = (token_ids, x_in, position_ids, rows, mask, cache.rows, cache.cols)
-            ids, x, pos, keep, mask, slot_rows, cols = (t.contiguous() for t in small)
-            return tuple(graph((ids, x, pos, keep), mask, slot_rows, cols, cache.kv.keys, cache.kv.values))
+            return tuple(run_static(graph, (token_ids, x_in, position_ids, rows), mask, cache))
         if self._compiled is not None and getattr(cache, "static", False):
             mark_dynamic([(mask, (0, 2, 3)), (token_ids, (0, 1)), (position_ids, (0, 1)), (x_in, (0, 1)), (rows, (0,)),
                           *static_cache_dims(cache)])

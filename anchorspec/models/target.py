@@ -12,7 +12,6 @@ Aux layer ids follow convention A of the spec: id i is the input of decoder laye
 from __future__ import annotations
 
 import inspect
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from torch import nn
 
 from ..errors import AnchorspecError
 from .attention import use_grouped_attention, uses_grouped_attention
-from .compiled import (aot_graph_path, frozen_compile, graphs_compiled, mark_dynamic, static_cache_dims, step_graph,
-                       weights_digest)
+from .compiled import (aot_graph_key, frozen_compile, graphs_compiled, mark_dynamic, run_static, static_cache_dims,
+                       static_example, step_graph, weights_digest)
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
 from .hub import resolve_target
 from .packed import fuse_siblings, is_packed, pack_linears
@@ -80,7 +79,8 @@ class Target:
         self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
         self._compiled = None  # compile(): the inductor-compiled forward_rows body
         self._aot = None  # compile(aot=True): "pending" until the first static forward builds or loads the graph
-        self._weights_key = None  # (digest of the weights as loaded, fused): part of the AOT graph's file name
+        self._weights_key = None  # compile(aot=True): (the stock weights' digest, fused), in the graph's name
+        self._digest = None  # weights_digest of the weights as loaded, computed once (~0.3 s)
         self.compiles = 0  # graphs compiled during this target's compiled forwards (see forward_rows)
 
     @property
@@ -114,8 +114,8 @@ class Target:
                                   "graph packs them itself")
         if aot is None:
             aot = self.embed_weight.device.type == "cpu"  # CUDA: torch.compile, until a GPU session verifies AOT there
-        if aot and self._weights_key is None:
-            self._weights_key = (weights_digest(self.model), fuse)  # the stock weights, before fusing renames them
+        if aot:
+            self._weights_key = (self._stock_digest(), fuse)  # read before fusing renames the weights
         if fuse:
             fuse_siblings(self.model, pack=False)
         self._compiled, self._aot = (None, "pending") if aot else (frozen_compile(self._rows_body), None)
@@ -214,13 +214,7 @@ class Target:
         try:
             graph = self.load_graph() if self._aot is not None and getattr(cache, "static", False) else None
             if graph is not None:  # a static cache carries a mask
-                # the graph reads its inputs at the strides it was traced with (contiguous); the buffers
-                # are always contiguous (BatchKV allocates them), and a copy of one would lose the writes
-                if not all(b.is_contiguous() for b in cache.kv.keys + cache.kv.values):
-                    raise AnchorspecError("the AOT graph needs contiguous key/value buffers")
-                small = (input_ids, position_ids, rows, attention_mask, cache.rows, cache.cols)
-                ids, pos, rows, mask, slot_rows, cols = (t.contiguous() for t in small)
-                logits, *aux = graph((ids, pos, rows), mask, slot_rows, cols, cache.kv.keys, cache.kv.values)
+                logits, *aux = run_static(graph, (input_ids, position_ids, rows), attention_mask, cache)
                 aux = aux[0] if capture_aux else None  # the graph always returns them: one graph for every step
             elif self._compiled is not None and getattr(cache, "static", False):
                 # dynamic from the first trace, else each new size costs one more ~40 s compile before dynamo
@@ -252,17 +246,24 @@ class Target:
             self._aot = step_graph(self.model, self._aot_body,
                                    self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
                                    (("rows", "tokens"), ("rows", "tokens"), ("kept",)), self.num_layers,
-                                   self.aot_path(), "the target's step graph")
+                                   self._graph_key(), "the target's step graph")
         return self._aot
 
     def aot_path(self, fuse: bool = True) -> Path:
         """Where this target's AOT graph is kept on this machine (it may not exist yet): it depends on the
         weights (as loaded: compile() reads them before fusing), whether sibling projections are fused,
         the config, the aux layers it returns, the CPU and the library versions."""
-        weights = self._weights_key or (weights_digest(self.model), fuse)
-        fields = {"weights": weights, "config": self.config.to_json_string(), "aux": list(self.aux_layer_ids),
-                  "model": type(self.model).__name__}
-        return aot_graph_path("target", fields)
+        return self._graph_key(fuse)[0]
+
+    def _graph_key(self, fuse: bool = True) -> tuple[Path, str]:
+        fields = {"weights": self._weights_key or (self._stock_digest(), fuse), "config": self.config.to_json_string(),
+                  "aux": list(self.aux_layer_ids), "model": type(self.model).__name__}
+        return aot_graph_key("target", fields)
+
+    def _stock_digest(self) -> str:
+        if self._digest is None:
+            self._digest = weights_digest(self.model)
+        return self._digest
 
     def _aot_body(self, input_ids, position_ids, rows, mask, cache):
         self._capture, self._captured = True, {}
@@ -272,19 +273,12 @@ class Target:
             self._capture, self._captured = False, {}
 
     def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
-        """Inputs of the AOT graph's shapes, to trace it: every size distinct and >= 2."""
-        c, device, dtype = self.config, self.embed_weight.device, self.dtype
+        """Inputs of the AOT graph's shapes (models/compiled.py: static_example)."""
+        c = self.config
         kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        ids = torch.zeros(rows, tokens, dtype=torch.long, device=device)
-        positions = (past + torch.arange(tokens, device=device)).expand(rows, tokens).contiguous()
-        mask = torch.zeros(rows, 1, tokens, past + tokens, dtype=dtype, device=device)
-        keep = torch.arange(kept, device=device)
-        slot_rows = torch.arange(rows, device=device)[:, None]
-        cols = positions.clone()
-        kv = [[torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-               for _ in range(self.num_layers)] for _ in range(2)]
-        return (ids, positions, keep), mask, slot_rows, cols, kv[0], kv[1]
+        return static_example(rows, tokens, past, kept, slots, capacity, kv_heads, head_dim, self.num_layers,
+                              self.dtype, self.embed_weight.device)
 
     def _row_selecting_head(self) -> nn.Module:
         """The LM head, with the row-selecting pre-hook registered once per module (looked up per call:
@@ -351,9 +345,15 @@ def load_target(target: str, dtype: str | torch.dtype = "auto", aux_layer_ids=No
         return Target(model, tokenizer, aux_layer_ids)
     if model.device.type == "cpu":
         use_grouped_attention(model)
-    if resolve_packing(pack, torch_dtype, model.device, model_shapes(model.config)):
-        pack_linears(model, fuse=True)
+    pack_if_faster(model, pack, torch_dtype)
     return Target(model, tokenizer, aux_layer_ids)
+
+
+def pack_if_faster(model: nn.Module, pack: str | None, dtype: torch.dtype) -> None:
+    """Prepack the target's linear layers (q/k/v and gate/up fused) where `pack` (resolve_packing: auto
+    measures) says so."""
+    if resolve_packing(pack, dtype, model.device, model_shapes(model.config)):
+        pack_linears(model, fuse=True)
 
 
 def stock_twin(target: Target, name: str, dtype: torch.dtype) -> Target:
