@@ -14,6 +14,7 @@ that the measured costs and acceptance favour.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from .models.drafter import Eagle3Drafter, load_drafter
 from .models.hub import resolve_target
 from .models.packed import is_packed, pack_linears, packing_supported
 from .models.dtype import model_shapes, resolve_packing, resolve_target_dtype
-from .models.compiled import graphs_compiled
+from .models.compiled import COMPILE_PAYS_AT, graphs_compiled
 from .models.target import Target, load_target, pack_if_faster
 
 # The server's and `tune`'s starting shape. CPU-sized: a 16-token verification costs ~1.6x a decode step
@@ -233,7 +234,7 @@ class Engine:
 
 def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: int | None = None,
          shape: TreeShape | None = None, fallback: bool = True, pack: str | None = None,
-         compile: bool | str = False, remember: bool | None = None) -> Engine:
+         compile: bool | str = False, remember: bool | None = None, expected_tokens: int | None = None) -> Engine:
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
     oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
@@ -241,8 +242,9 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     compiled ahead of time, once per model and machine, and loaded in seconds by every later process;
     the drafter's passes likewise (a graph of their own). On CUDA torch.compile for both, every graph
     compiled before load returns (Engine.warm_up). "auto": compile on a CPU when the AOT graph for this
-    target (weights, aux layers) and machine is already on disk (`anchorspec compile` writes it), else
-    as False.
+    target (weights, aux layers) and machine is already on disk (`anchorspec compile` writes it), or
+    when the caller expects to generate at least COMPILE_PAYS_AT new tokens (`expected_tokens`), which
+    repay the compile in this run (then the drafter's graph is compiled too); else as False.
     `shape=None` with a drafter: the shape `anchorspec tune` chose for this target, drafter, dtype and
     machine if it was run, else the chain the measured costs favour (`engine.shape_source` says which).
     `fallback=False`: speculate at every step, even where plain decoding would be faster.
@@ -258,8 +260,15 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
         raise AnchorspecError(f"compile must be True, False or 'auto', got {compile!r}")
     loaded = load_target(target, torch_dtype, aux_layer_ids=aux, pack="off" if compile else pack)
     auto = compile == "auto"
-    if auto:  # the AOT graph if an earlier process compiled it for this model and machine
-        compile = loaded.embed_weight.device.type == "cpu" and loaded.aot_path().exists()
+    if auto:  # the AOT graph if an earlier process compiled it for this model and machine ...
+        on_cpu = loaded.embed_weight.device.type == "cpu"
+        compile = on_cpu and loaded.aot_path().exists()
+        if on_cpu and (expected_tokens or 0) >= COMPILE_PAYS_AT:  # ... or whatever is missing, if this run repays it
+            if not compile:  # (a missing drafter graph is compiled too: 13 s, its own line says so)
+                print(f"anchorspec: --compile auto compiles the step graphs first: {expected_tokens} new tokens "
+                      f"asked for (from {COMPILE_PAYS_AT} a run repays the compile; later runs load the graphs)",
+                      file=sys.stderr)
+            compile, auto = True, False
         if not compile:
             pack_if_faster(loaded.model, pack, torch_dtype)  # as load_target would have
     if compile:

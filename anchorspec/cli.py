@@ -14,6 +14,7 @@ from tqdm import tqdm
 from .data.readers import read_prompts  # the one prompt-file reader (JSONL or JSON array)
 from . import __version__
 from .errors import AnchorspecError
+from .models.compiled import COMPILE_PAYS_AT
 from .models.dtype import DTYPE_CHOICES, DTYPES
 
 
@@ -220,7 +221,8 @@ def cmd_generate(args) -> int:
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
-                  fallback=not args.no_fallback, compile=_compile_choice(args.compile))
+                  fallback=not args.no_fallback, compile=_compile_choice(args.compile),
+                  expected_tokens=len(prompts) * args.max_new_tokens)
     if not args.no_spec:
         why = ""
         if shape is None and not engine.shape_source.startswith("tuned"):
@@ -629,7 +631,9 @@ def _add_compile(p, when: str) -> None:
                         "weights). On a CPU one graph compiled ahead of time, once per model and machine (about "
                         "a minute and a half for SmolLM2-135M on 2 cores; `anchorspec compile` does it), loaded in "
                         "seconds by later runs; on CUDA torch.compile, a few graphs compiled at every start. "
-                        "auto (default): the graph when it is already on disk, else eager steps; on (or "
+                        "auto (default): the graph when it is already on disk, else eager steps, unless the run "
+                        "asks for enough new tokens to repay compiling (generate: prompts x --max-new-tokens >= "
+                        f"{COMPILE_PAYS_AT}); on (or "
                         f"bare --compile): compile it now if needed; off: eager. {when}")
 
 

@@ -7,11 +7,14 @@ every run starts as a fresh machine does.
 
     python benchmarks/bench_default_shape.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
         --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] [--temperature 1] [--compile]
-        [--mean-rule] --out FILE.json
+        [--mean-rule] [--plain-twice] --out FILE.json
 
 Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
 tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
 and fallback switches. CPU model, flags, torch version, threads and dtype go with the figures.
+`--plain-twice` runs the plain loop a second time as its own method ("plain again"): its per-prompt
+ratios over "plain" are the noise floor the other methods' slowest prompt is read against (a method
+that cannot be slower than plain still shows its slowest prompt at about that floor).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="every engine with load(compile=True) (HF stays stock)")
     p.add_argument("--mean-rule", action="store_true",
                    help="also the default path switching off on the window's mean (the rule before session 46)")
+    p.add_argument("--plain-twice", action="store_true",
+                   help="also the plain loop again, as a method of its own: the per-prompt noise floor")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample the project's methods at this temperature, seeded per prompt (HF stays greedy)")
     args = p.parse_args(argv)
@@ -59,6 +64,8 @@ def main(argv=None) -> int:
     chains_only = engine(args.drafter)  # its shape is chosen among chains only, as before session 39
     methods = {"plain": (plain, {"speculative": False}), "default": (default, {}),
                "no-fallback": (engine(args.drafter, fallback=False), {}), "chains-only": (chains_only, None)}
+    if args.plain_twice:
+        methods["plain again"] = (plain, {"speculative": False})
     for text in args.shape:
         methods[text] = (default, {"shape": TreeShape.parse(text)})
     if args.mean_rule:

@@ -140,3 +140,32 @@ def test_masks_per_head_and_causal_prefills_are_left_to_transformers(force_form,
     if rows > 1:
         out, _ = attention.hf_attention(module, q, k, v, None, scaling=None)
         torch.testing.assert_close(out, reference(q, k, v, None, is_causal=True).transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", [GQA, ROWS])
+def test_an_exported_graph_takes_the_graph_form_at_every_row_count(force_form, form):
+    """A step graph has one body for every T: traced with T symbolic (torch.export, as models/compiled.py
+    does), grouped attention takes graph_form's form and still computes multi-head attention with
+    repeated keys at 1, 2 and 5 rows, masked (float64). Group-as-rows' reshapes once put an unprovable
+    guard on T into the export, which failed."""
+    from torch.export import Dim, export
+
+    force_form(form)
+    assert attention.graph_form(torch.device("cpu"), torch.float64, 2, 3, 8) == form
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return grouped_attention(q.transpose(1, 2), k, v, mask)  # a projection's [B, T, H, D], as in a layer
+
+    rows, keys = Dim("rows", min=1, max=64), Dim("keys", min=2, max=256)
+    torch.manual_seed(2)
+    k, v = torch.randn(1, 2, 11, 8, dtype=torch.float64), torch.randn(1, 2, 11, 8, dtype=torch.float64)
+    example = (torch.randn(1, 3, 6, 8, dtype=torch.float64), k, v, torch.zeros(1, 1, 3, 11, dtype=torch.float64))
+    graph = export(Attend(), example, dynamic_shapes=({1: rows}, {2: keys}, {2: keys}, {2: rows, 3: keys}),
+                   strict=False).module()
+    for t in (1, 2, 5):
+        q = torch.randn(1, t, 6, 8, dtype=torch.float64)
+        mask = torch.zeros(1, 1, t, 11, dtype=torch.float64)
+        mask[:, :, 0, -1] = float("-inf")
+        torch.testing.assert_close(graph(q, k, v, mask), reference(q.transpose(1, 2), k, v, mask),
+                                   rtol=1e-12, atol=1e-12)

@@ -202,6 +202,7 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
     writes the graph that auto then finds. On a machine with no graph yet, load's warm-up traces it
     before any forward ran: the LM head's row selection is in it all the same (a kept subset of rows
     comes back), and the eager prefill still selects its last row."""
+    import anchorspec.api
     from anchorspec.api import load
     from anchorspec.cli import main
     from anchorspec.errors import AnchorspecError
@@ -230,13 +231,19 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
                  dtype=torch.bfloat16)
     beside = load(str(path), str(drafter), dtype="bfloat16", compile="auto", pack="on")  # no drafter graph yet
     assert beside.target.aot and not beside.drafter.compiled and is_packed(beside.drafter)
+    # generate's auto compiles what is missing (here the drafter's graph) once prompts x max tokens repay it
+    monkeypatch.setattr(anchorspec.api, "COMPILE_PAYS_AT", 6)
+    run = ["generate", "--target", str(path), "--drafter", str(drafter), "--dtype", "bfloat16", "--prompt", "hello"]
+    assert main(run + ["--max-new-tokens", "5"]) == 0 and not beside.drafter.aot_path().exists()
+    assert main(run + ["--max-new-tokens", "6"]) == 0 and beside.drafter.aot_path().is_file()
+    assert "6 new tokens asked for" not in capsys.readouterr().err  # the target's graph was there already
     assert main(["compile", "--target", str(path), "--drafter", str(drafter), "--dtype", "bfloat16"]) == 0
     assert "the pass graph of the drafter" in capsys.readouterr().out
     both = load(str(path), str(drafter), dtype="bfloat16", compile="auto", pack="on", fallback=False)
     assert both.target.aot and both.drafter.aot and not is_packed(both.drafter)
     assert both.generate("hello", max_new_tokens=6).stats.verify_steps > 0 and both.drafter.compiles == 1  # loaded
     other = save_tiny_chat_target(tmp_path / "other", dtype=torch.bfloat16, seed=3)  # no graph on disk for it
-    fresh = load(str(other), dtype="bfloat16", compile="auto", pack="on")
+    fresh = load(str(other), dtype="bfloat16", compile="auto", pack="on", expected_tokens=5)
     assert not fresh.target.compiled and is_packed(fresh.target.model)
     with pytest.raises(AnchorspecError, match="compile must be"):
         load(str(path), compile="yes")

@@ -709,7 +709,7 @@ def test_a_few_unlucky_steps_do_not_switch_a_paying_drafter_off():
     assert step(lucky, m, 0) == "off"  # 1.4 + 0.24 < 1.7: a fifth short step is evidence enough
     state = m.new_request()
     assert [step(state, m, 0) for _ in range(4)] == [None] * 3 + ["off"]  # no spread: off after min_steps
-    assert DriftMonitor(window=16, min_steps=4, threshold=1.7).new_request().plausible_tau is None
+    assert DriftMonitor(window=16, min_steps=4, threshold=1.7).new_request().upper_tau(1.0) is None
 
 
 def test_monitor_threshold_rises_with_load():

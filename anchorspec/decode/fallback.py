@@ -95,10 +95,6 @@ class RequestState:
     def rolling_tau(self) -> float | None:
         return sum(self.window) / len(self.window) if self.window else None
 
-    @property
-    def plausible_tau(self) -> float | None:
-        return self.upper_tau(1.0)
-
     def upper_tau(self, standard_errors: float) -> float | None:
         """The highest tau the window still plausibly comes from: its mean plus `standard_errors` (the
         monitor's, 1 by default; 0 is the rule before session 46) standard errors.

@@ -27,6 +27,12 @@ import torch
 
 from ..errors import AnchorspecError
 
+# api.load(compile="auto") compiles the step graphs when a run asks for at least this many new tokens. Compiling
+# took 72-95 s (target) plus 13 s (drafter) on 2 cores; the graphs saved 1/37.3 - 1/61.8 s a plain token
+# (bf16, AMD EPYC, session 47: break-even ~7k tokens) and 1/45.9 - 1/62.7 s a speculative one (bf16, AMX
+# Xeon, session 46: ~18k). A run this long loses nothing by compiling with a drafter and gains without one.
+COMPILE_PAYS_AT = 16384
+
 
 def graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process. A step during which it grew took tens of seconds
@@ -68,7 +74,7 @@ def static_cache_dims(cache) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
 
 # --- ahead of time: one graph per model and machine, compiled once and kept on disk ---------------
 
-AOT_FORMAT = 2  # bump when what a graph computes or takes changes: older files are then never loaded (2: the LM head selects rows in every graph)
+AOT_FORMAT = 3  # bump when what a graph computes or takes changes: older files are then never loaded (2: the LM head selects rows in every graph; 3: grouped attention in graph_form's form)
 _aot_built = 0  # AOT graphs compiled or loaded in this process (graphs_compiled counts them)
 
 
@@ -187,7 +193,9 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
     def write(tmp: str) -> None:
         work = make_temp_dir(path.parent, ".aot-")
         try:
-            with torch._inductor.config.patch(freezing=True):
+            # no_grad: inductor freezes (folds and prepacks the weights for oneDNN) only with grad off; a graph
+            # compiled outside inference mode ran 1.5x slower at 4 tokens (session 47)
+            with torch.no_grad(), torch._inductor.config.patch(freezing=True):
                 built = torch._inductor.aoti_compile_and_package(program, package_path=str(work / "graph.pt2"))
             os.replace(built, tmp)
         finally:

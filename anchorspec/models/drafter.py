@@ -32,7 +32,7 @@ from torch import nn
 
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
-from .attention import grouped_attention
+from .attention import graph_form, grouped_attention
 from .compiled import (aot_graph_key, frozen_compile, graphs_compiled, mark_dynamic, run_static, static_cache_dims,
                        static_example, step_graph, weights_digest)
 from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
@@ -396,7 +396,8 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
-        self._inv_freq = self._inv_freq.to(position_ids.device)  # a no-op once moved (float64: not a buffer)
+        if self._inv_freq.device != position_ids.device:  # moved once (not a buffer: see __init__); no
+            self._inv_freq = self._inv_freq.to(position_ids.device)  # assignment while torch.export traces
         freqs = position_ids[..., None].to(torch.float32) * self._inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
@@ -483,8 +484,11 @@ class Eagle3Drafter(nn.Module):
         if self.embed_weight is None:
             raise AnchorspecError("drafter has no token embedding: call bind_target_embedding(target embedding)")
         if self._graph_file is None:
+            c, weight = self.config, self.fc.weight
             fields = {"weights": weights_digest(self, {"embedding": self.embed_weight}),
-                      "config": json.dumps(asdict(self.config), sort_keys=True, default=str)}
+                      "config": json.dumps(asdict(c), sort_keys=True, default=str),
+                      "attention": graph_form(weight.device, weight.dtype, c.num_key_value_heads,
+                                              c.num_attention_heads // c.num_key_value_heads, c.head_dim)}
             self._graph_file = aot_graph_key("drafter", fields)
         return self._graph_file
 

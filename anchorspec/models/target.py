@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import AnchorspecError
-from .attention import use_grouped_attention, uses_grouped_attention
+from .attention import graph_form, use_grouped_attention, uses_grouped_attention
 from .compiled import (aot_graph_key, frozen_compile, graphs_compiled, mark_dynamic, run_static, static_cache_dims,
                        static_example, step_graph, weights_digest)
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
@@ -256,8 +256,13 @@ class Target:
         return self._graph_key(fuse)[0]
 
     def _graph_key(self, fuse: bool = True) -> tuple[Path, str]:
-        fields = {"weights": self._weights_key or (self._stock_digest(), fuse), "config": self.config.to_json_string(),
-                  "aux": list(self.aux_layer_ids), "model": type(self.model).__name__}
+        c, weight = self.config, self.embed_weight
+        heads, kv_heads = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        attention = graph_form(weight.device, weight.dtype, kv_heads, heads // kv_heads, head_dim) \
+            if uses_grouped_attention(self.model) else "stock"
+        fields = {"weights": self._weights_key or (self._stock_digest(), fuse), "config": c.to_json_string(),
+                  "aux": list(self.aux_layer_ids), "model": type(self.model).__name__, "attention": attention}
         return aot_graph_key("target", fields)
 
     def _stock_digest(self) -> str:
