@@ -396,9 +396,10 @@ class Eagle3Drafter(nn.Module):
         return self.fc(aux)
 
     def rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
-        if self._inv_freq.device != position_ids.device:  # moved once (not a buffer: see __init__); no
-            self._inv_freq = self._inv_freq.to(position_ids.device)  # assignment while torch.export traces
-        freqs = position_ids[..., None].to(torch.float32) * self._inv_freq
+        inv_freq = self._inv_freq.to(position_ids.device)  # a no-op once moved (float64: not a buffer)
+        if not torch.compiler.is_compiling():  # kept moved; no attribute assigned while torch.export traces
+            self._inv_freq = inv_freq
+        freqs = position_ids[..., None].to(torch.float32) * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
 
