@@ -57,10 +57,15 @@ def _probe_one_row(device: torch.device, dtype: torch.dtype, kv_heads: int, grou
     return ROWS if cost[ROWS] < cost[GQA] else GQA
 
 
+def _memo(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> tuple:
+    """The in-memory key of a one-row verdict (_one_row_form)."""
+    return device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads()
+
+
 def one_row_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
     """GQA or ROWS for one query row: probed once per machine and shapes (cached under
     $ANCHORSPEC_HOME/attention/, so every process on a machine rounds alike), then kept in memory."""
-    memo = (device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads())
+    memo = _memo(device, dtype, kv_heads, groups, head_dim)
     if memo not in _one_row_form:
         def measure() -> dict:
             with torch.inference_mode():
@@ -113,8 +118,8 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             # an exported step graph (AOT) has one body for every T: the form graph_form chose before tracing.
             # torch.compile keeps enable_gqa: its guards on the regrouped shapes recompiled as T varied
             # (and dynamo guarded on the memo dict it read, recompiling whenever a probe added to it)
-            if torch.compiler.is_exporting() and _one_row_form.get(
-                    (query.device.type, query.dtype, key.shape[1], groups, D, torch.get_num_threads())) == ROWS:
+            if (torch.compiler.is_exporting()
+                    and _one_row_form.get(_memo(query.device, query.dtype, key.shape[1], groups, D)) == ROWS):
                 return _group_rows(query, key, value, mask, scale)
         elif T == 1:
             form = one_row_form(query.device, query.dtype, key.shape[1], groups, D)

@@ -256,12 +256,10 @@ class Target:
         return self._graph_key(fuse)[0]
 
     def _graph_key(self, fuse: bool = True) -> tuple[Path, str]:
-        c, weight = self.config, self.embed_weight
-        heads, kv_heads = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        attention = graph_form(weight.device, weight.dtype, kv_heads, heads // kv_heads, head_dim) \
+        weight, (kv_heads, groups, head_dim) = self.embed_weight, self._attention_shape()
+        attention = graph_form(weight.device, weight.dtype, kv_heads, groups, head_dim) \
             if uses_grouped_attention(self.model) else "stock"
-        fields = {"weights": self._weights_key or (self._stock_digest(), fuse), "config": c.to_json_string(),
+        fields = {"weights": self._weights_key or (self._stock_digest(), fuse), "config": self.config.to_json_string(),
                   "aux": list(self.aux_layer_ids), "model": type(self.model).__name__, "attention": attention}
         return aot_graph_key("target", fields)
 
@@ -277,11 +275,15 @@ class Target:
         finally:
             self._capture, self._captured = False, {}
 
-    def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
-        """Inputs of the AOT graph's shapes (models/compiled.py: static_example)."""
+    def _attention_shape(self) -> tuple[int, int, int]:
+        """(key/value heads, query heads per key/value head, head size) from the config."""
         c = self.config
         kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return kv_heads, c.num_attention_heads // kv_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+    def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
+        """Inputs of the AOT graph's shapes (models/compiled.py: static_example)."""
+        kv_heads, _, head_dim = self._attention_shape()
         return static_example(rows, tokens, past, kept, slots, capacity, kv_heads, head_dim, self.num_layers,
                               self.dtype, self.embed_weight.device)
 
