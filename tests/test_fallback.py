@@ -290,7 +290,8 @@ def test_choose_shape_takes_the_tree_where_a_wide_verify_is_cheap_and_a_chain_wh
 def test_the_drafted_shape_stays_unless_another_is_clearly_faster():
     m = FrozenCosts()
     tree, close, far = TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape.chain(2)
-    m.speedup = {tree: 1.50, close: 1.45, far: 1.40}.get  # every other chain: None (unpriced)
+    speedups = {tree: 1.50, close: 1.45, far: 1.40}  # every other chain: None (unpriced)
+    m.speedup = lambda shape, floor=True: speedups.get(shape)
     assert m.choose_shape()[0] == tree
     assert m.choose_shape(current=close) == (close, 1.45)  # within SHAPE_MARGIN of the best: kept
     assert m.choose_shape(current=far)[0] == tree
@@ -508,7 +509,7 @@ def test_explore_takes_the_least_recently_drafted_plausible_candidate(monkeypatc
     m = FrozenCosts()
     tree, chain3, chain2, chain1 = TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape.chain(2), TreeShape.chain(1)
     speeds = {tree: 1.50, chain3: 1.45, chain2: 1.40, chain1: 1.0}  # chain 4: unpriced
-    m.speedup = speeds.get
+    m.speedup = lambda shape, floor=True: speeds.get(shape)
     picks = [m.explore(tree) for _ in range(3 * EXPLORE_EVERY)]
     assert picks[:EXPLORE_EVERY - 1] == [None] * (EXPLORE_EVERY - 1)
     # never drafted first, then in turn; chain 1 (below EXPLORE_FLOOR x 1.5) and unpriced chain 4 never
@@ -719,3 +720,22 @@ def test_sampling_while_exploring_matches_target_distribution(setup, monkeypatch
         explored += res.stats.explored_steps
     assert explored > n // 4
     assert worst_p_value(samples, exact_distribution(target)) > 1e-3
+
+
+def test_shapes_are_ranked_on_measured_verify_costs_and_the_floor_only_weighs_plain_decoding():
+    """Where a 4-token verify runs faster than a plain step, flooring it at the plain step (at_least) priced the
+    chain high and the tree, dearer than a plain step anyway, not at all: the tree won on the floor alone."""
+    m = FrozenCosts(plain=1.0, draft_per_level=0.05)
+    m.verify.add(5, 0.80)  # the chain's verify: faster than the plain step
+    m.verify.add(16, 1.30)  # the tree's
+    m.reached, m.accepted = [1000] * 8, [600] * 8
+    price_tree(m, 0.25)
+    chain, tree = TreeShape.chain(4), TreeShape(4, 4, 16)
+    assert m.speedup(tree) > m.speedup(chain)  # the floored prices alone would choose the tree ...
+    assert m.speedup(chain, floor=False) > m.speedup(tree, floor=False)  # ... measured, the chain is faster
+    best, speedup = m.choose_shape()
+    assert best == chain and speedup == pytest.approx(m.speedup(chain))  # the floored figure decides plain or not
+    assert m.choose_shape(current=tree)[0] == chain  # the kept shape is weighed on the same measured costs
+    m.accepted = [0] * 8  # a drafter never accepted: tau 1, and even a verify cheaper than a plain step ...
+    assert m.speedup(m.choose_shape()[0]) < 1  # ... is not taken as speculation that pays
+    assert not m.start(m.choose_shape()[0]).speculating
