@@ -739,3 +739,19 @@ def test_shapes_are_ranked_on_measured_verify_costs_and_the_floor_only_weighs_pl
     m.accepted = [0] * 8  # a drafter never accepted: tau 1, and even a verify cheaper than a plain step ...
     assert m.speedup(m.choose_shape()[0]) < 1  # ... is not taken as speculation that pays
     assert not m.start(m.choose_shape()[0]).speculating
+
+
+def test_without_the_fallback_every_step_speculates_and_the_monitor_still_learns_the_drafter():
+    """`fallback=False` speculates at every step, even below the break-even, yet its monitor learns the
+    acceptance and costs of those steps, so a measured shape follows the drafter instead of the prior."""
+    target = tiny_target("llama")
+    engine = Engine(target, random_drafter(target), TreeShape.chain(3), fallback=False)
+    engine.monitor.threshold_at = lambda rows=1: 9.0  # speculation never pays: an enabled monitor would switch
+    for prompt in prompts(2):
+        ref = engine.generate(prompt.tolist(), max_new_tokens=24, speculative=False).token_ids
+        res = engine.generate(prompt.tolist(), max_new_tokens=24)
+        assert res.token_ids == ref and res.stats.fallback_switches == 0 and res.stats.verify_steps > 0
+    m = engine.monitor
+    assert not m.calibrated  # a given shape needs no calibration
+    assert m.reached[:3] and m.reached[0] >= res.stats.verify_steps  # every verified draft was counted
+    assert m.verify(4) is not None  # ... and the cost of its 4-token verifies

@@ -332,11 +332,13 @@ class SpeculativeDecoding:
         (decode/fallback.py), and its costs and acceptance learn from every step. `explore` (the
         candidate trees; None: off): the sequence's shape was measured, not given, so now and then a
         step drafts another candidate, to keep the costs that chose the shape current (StreamMonitor.explore)."""
-        if fallback is None or not fallback.enabled or self.proposer is None:
+        # a disabled monitor still learns (costs, acceptance), so the shape it chooses follows the drafter;
+        # it never switches a step to plain (DriftMonitor._pays)
+        if fallback is None or self.proposer is None:
             while not self.finished:
                 self.step()
             return self.result()
-        if not fallback.calibrated and fallback.fixed_threshold is None:
+        if fallback.enabled and not fallback.calibrated and fallback.fixed_threshold is None:
             fallback.calibrate(self.target, self.proposer)  # leaves the proposer reset
         state = fallback.start(self.shape)
         exploring = explore is not None and self.policy is None and self.staged is None
