@@ -688,10 +688,11 @@ class StreamMonitor(DriftMonitor):
 
     def estimates(self, trees=TREE_CANDIDATES) -> dict[str, dict[str, float | None]]:
         """What choose_shape and explore decide on, for a benchmark to show: by shape key, each
-        candidate's expected tokens per step (`tau`), step cost over a plain step (`cost`; None: a cost
-        unknown) and their ratio (`speedup`)."""
+        candidate's expected tokens per step (`tau`), step cost over a plain step (`cost`, the verify
+        floored at a plain step; None: a cost unknown), their ratio (`speedup`: whether speculating pays)
+        and the same ratio with the verify as measured (`rank`: what shapes are ranked on, 0: unpriced)."""
         return {shape_key(s): {"tau": self.expected_shape_tau(s), "cost": self.relative_step_cost(s),
-                               "speedup": self.speedup(s)} for s in self.candidates(trees=trees)}
+                               "speedup": self.speedup(s), "rank": self._rank(s)} for s in self.candidates(trees=trees)}
 
     def _least_recent_plausible(self, current: TreeShape, trees) -> TreeShape | None:
         kept = self._rank(current)

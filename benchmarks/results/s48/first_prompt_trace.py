@@ -40,7 +40,6 @@ for trial in range(trials):
           f"verify(4) {m.verify(4)*1e3:.1f}, verify(5) {m.verify(5)*1e3:.1f}, tau* {m.relative_step_cost(shape):.2f}", flush=True)
     t0 = time.perf_counter(); p = plain.generate(ids, max_new_tokens=128); tp = time.perf_counter() - t0
     t0 = time.perf_counter(); res = eng.generate(ids, max_new_tokens=128); ts = time.perf_counter() - t0
-    assert res.token_ids == p.token_ids or True
     kinds = [r[0] for r in log]
     print(f"  plain {len(p.token_ids)/tp:.1f} tok/s, default {len(res.token_ids)/ts:.1f} tok/s; tau {res.stats.tau:.2f}; "
           f"steps: {kinds.count('speculative')} speculative, {kinds.count('plain')} plain; "
