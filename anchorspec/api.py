@@ -76,9 +76,11 @@ def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
 
 class Engine:
     def __init__(self, target: Target, drafter: Eagle3Drafter | None = None, shape: TreeShape | None = None,
-                 fallback: bool = True, costs_file: Path | None = None):
+                 fallback: bool = True, costs_file: Path | None = None, pack_drafter: bool | None = None):
         """`costs_file`: where the stream monitor's costs and acceptance are kept between processes
-        (decode/shape.py: costs_path); None keeps them for this engine's life only."""
+        (decode/shape.py: costs_path); None keeps them for this engine's life only. `pack_drafter`: prepack
+        an uncompiled drafter's linear layers for oneDNN (the packing verdict for the target's dtype, as
+        `load` resolves it); None: as the target's weights are, since both run the same dtype's GEMMs."""
         self.target = target
         self.drafter = drafter
         self._shape = shape  # None: measured on first use (see `shape`)
@@ -90,9 +92,12 @@ class Engine:
         self.costs_source = "calibrated here"  # or the file an earlier process left
         if drafter is not None:
             attach_drafter(target, drafter)
+            if pack_drafter is None:
+                pack_drafter = is_packed(target.model)
             weight = drafter.fc.weight
-            if is_packed(target.model) and not is_packed(drafter) and packing_supported(weight.dtype, weight.device):
-                pack_linears(drafter, keep_weights=True)  # measured with the target's verdict: same dtype, same GEMMs
+            if (pack_drafter and not drafter.compiled and not is_packed(drafter)
+                    and packing_supported(weight.dtype, weight.device)):
+                pack_linears(drafter, keep_weights=True)  # a compiled drafter's frozen graph packs its own
             self.proposer = EagleProposer(drafter)
             self.monitor = StreamMonitor(enabled=fallback)
             state = load_costs(costs_file) if costs_file is not None else None
@@ -277,15 +282,18 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
             d.compile(aot=loaded.aot)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
     if remember is None:
         remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
-    costs_file = None
-    if d is not None and remember:
-        variant = ("aot" if loaded.aot else "compiled") if compile else "packed" if is_packed(loaded.model) else "eager"
-        costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
-    engine = Engine(loaded, d, shape, fallback, costs_file)
-    if auto and d is not None and d.aot and not d.aot_path().exists():  # auto compiles nothing: this drafter's
-        d.compile(False)                                               # passes run packed and eager instead
-        if resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config)):
-            pack_linears(d, keep_weights=True)
+    costs_file, pack_drafter = None, False
+    if d is not None:
+        attach_drafter(loaded, d)  # binds the embedding that the drafter's graph key reads
+        if auto and d.aot and not d.aot_path().exists():
+            d.compile(False)  # auto compiles nothing: this drafter's passes run eager beside the target's graph
+        # the target's packing verdict (a compiled target packs inside its graph, so it may show none)
+        pack_drafter = not d.compiled and resolve_packing(pack, torch_dtype, loaded.embed_weight.device,
+                                                          model_shapes(loaded.config), announce=False)
+        if remember:
+            variant = ("aot" if loaded.aot else "compiled") if compile else "packed" if is_packed(loaded.model) else "eager"
+            costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
+    engine = Engine(loaded, d, shape, fallback, costs_file, pack_drafter)
     if compile:
         engine.warm_up()  # every graph now, none in the middle of a generation
     if d is not None and shape is None:

@@ -164,3 +164,26 @@ def test_engine_packs_the_drafter_of_a_packed_target_and_stays_lossless():
     for prompt in prompts():
         ref = generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=20)).token_ids
         assert engine.generate(prompt, max_new_tokens=20).token_ids == ref
+
+
+def test_engine_packs_the_drafter_on_the_verdict_it_is_given():
+    """`pack_drafter` is the packing verdict `load` resolves for the target's dtype: it overrides what the
+    target's own weights show (a compiled target packs inside its graph, so they show nothing), and a
+    drafter that is compiled is never packed (its frozen graph packs its own weights)."""
+    from anchorspec.api import Engine
+
+    stock = tiny_target("llama", dtype=torch.bfloat16)
+    told = random_drafter(stock).bfloat16()
+    Engine(stock, told, pack_drafter=True)
+    assert isinstance(told.fc, PackedLinear)
+    untold = random_drafter(stock).bfloat16()
+    Engine(stock, untold)  # None: as the target's weights, which are stock
+    assert type(untold.fc) is torch.nn.Linear
+    packed = packed_target("llama")[0]
+    refused = random_drafter(packed).bfloat16()
+    Engine(packed, refused, pack_drafter=False)
+    assert type(refused.fc) is torch.nn.Linear
+    compiled = random_drafter(packed).bfloat16()
+    compiled.compile(aot=True)  # pending: nothing is built until a pass needs the graph
+    Engine(packed, compiled, pack_drafter=True)
+    assert type(compiled.fc) is torch.nn.Linear and compiled.aot
