@@ -7,7 +7,7 @@ every run starts as a fresh machine does.
 
     python benchmarks/bench_default_shape.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
         --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] [--temperature 1] [--compile]
-        [--mean-rule] [--plain-twice] --out FILE.json
+        [--mean-rule] [--plain-twice] [--chains-only] --out FILE.json
 
 Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
 tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
@@ -48,6 +48,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="every engine with load(compile=True) (HF stays stock)")
     p.add_argument("--mean-rule", action="store_true",
                    help="also the default path switching off on the window's mean (the rule before session 46)")
+    p.add_argument("--chains-only", action="store_true",
+                   help="also the pre-session-39 choice among chains only (it passes its shape each prompt, so its "
+                        "monitor never learns deeper acceptance: it stays on the chain it starts on)")
     p.add_argument("--plain-twice", action="store_true",
                    help="also the plain loop again, as a method of its own: the per-prompt noise floor")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -61,9 +64,10 @@ def main(argv=None) -> int:
 
     plain = engine()
     default = engine(args.drafter)
-    chains_only = engine(args.drafter)  # its shape is chosen among chains only, as before session 39
     methods = {"plain": (plain, {"speculative": False}), "default": (default, {}),
-               "no-fallback": (engine(args.drafter, fallback=False), {}), "chains-only": (chains_only, None)}
+               "no-fallback": (engine(args.drafter, fallback=False), {})}
+    if args.chains_only:  # its shape is chosen among chains only, as before session 39
+        methods["chains-only"] = (engine(args.drafter), None)
     if args.plain_twice:
         methods["plain again"] = (plain, {"speculative": False})
     for text in args.shape:

@@ -30,7 +30,7 @@ def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
     assert bench_default_shape.main(["--target", str(target), "--drafter", drafters[0], "--random-drafter", drafters[1],
                                      "--dtype", "float64", "--data", str(data), "--every", "1", "--limit", "3",
-                                     "--max-new-tokens", "12", "--shape", "2,2,4", "--plain-twice", "--out", str(out)]) == 0
+                                     "--max-new-tokens", "12", "--shape", "2,2,4", "--plain-twice", "--chains-only", "--out", str(out)]) == 0
     body = json.loads(out.read_text())
     methods = {"hf", "plain", "plain again", "default", "no-fallback", "chains-only", "2,2,4", "random"}
     assert set(body["rows"]) == methods and methods <= set(body["summary"])
