@@ -282,14 +282,14 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
             d.compile(aot=loaded.aot)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
     if remember is None:
         remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
-    costs_file, pack_drafter = None, False
+    costs_file, pack_drafter = None, None  # None: Engine packs the drafter as the target's weights are
     if d is not None:
         attach_drafter(loaded, d)  # binds the embedding that the drafter's graph key reads
         if auto and d.aot and not d.aot_path().exists():
-            d.compile(False)  # auto compiles nothing: this drafter's passes run eager beside the target's graph
-        # the target's packing verdict (a compiled target packs inside its graph, so it may show none)
-        pack_drafter = not d.compiled and resolve_packing(pack, torch_dtype, loaded.embed_weight.device,
-                                                          model_shapes(loaded.config), announce=False)
+            d.compile(False)  # auto compiles nothing: this drafter's passes run eager beside the target's graph,
+            # whose weights show no packing (it packs inside the graph): the verdict for its dtype decides
+            pack_drafter = resolve_packing(pack, torch_dtype, loaded.embed_weight.device, model_shapes(loaded.config),
+                                           announce=False)
         if remember:
             variant = ("aot" if loaded.aot else "compiled") if compile else "packed" if is_packed(loaded.model) else "eager"
             costs_file = costs_path(resolve_target(target), drafter, torch_dtype, variant)
