@@ -54,7 +54,7 @@ train() {  # the two variants: identical data, steps and seed; each continues it
   anchorspec train --target $T --data "$CORPUS" --out "$RUN/round-$ROUND/$1" --init-from "checkpoints/$T-$1" --revocab \
     --feature-cache "$RUN/features" --max-steps "$STEPS" --ttt-steps 4 --max-len 1024 \
     --batch-tokens 2048 --lr 3e-4 --warmup-ratio 0.03 --dtype bfloat16 --seed 0 --order-seed "$ROUND" \
-    --eval-every 100 --save-every 25 --eval-prompts 4 --eval-new-tokens 64 "${@:2}"
+    --eval-every 100 --eval-heldout 256 --save-every 25 --eval-prompts 4 --eval-new-tokens 64 "${@:2}"
 }
 train eagle3 --prepare-only --threads 2
 OMP_NUM_THREADS=1 train eagle3 --threads 1 --resume & e3=$!

@@ -697,3 +697,34 @@ def test_mapped_shards_read_what_safetensors_wrote(tmp_path):
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     apart = header["hidden"]["data_offsets"][0] - header["aux"]["data_offsets"][0]
     assert mapped["hidden"].data_ptr() - mapped["aux"].data_ptr() == apart != 0
+
+
+def test_eval_heldout_scores_a_spread_subset(setup, tmp_path):
+    """--eval-heldout N: the accuracy reads N held-out conversations spread over the split (each batch the
+    evaluation builds holds only those), and N >= the split scores what 0 (all) scores."""
+    t = Trainer(config(setup, tmp_path / "ev", heldout=0.25, max_steps=1))
+    held = t.held_idx
+    assert len(held) >= 6
+    seen = []
+    real_batch = t._batch
+
+    def recording(indices):
+        seen.extend(indices)
+        return real_batch(indices)
+
+    t._batch = recording
+    full = t.evaluate()
+    assert sorted(seen) == sorted(held) and full["heldout_scored"] == len(held)
+
+    t.cfg.eval_heldout = 3
+    picked = t.scored_heldout()
+    assert len(set(picked)) == 3 and set(picked) <= set(held)
+    assert picked[0] == held[0] and held.index(picked[-1]) >= len(held) // 2  # spread, not the first three
+    seen.clear()
+    part = t.evaluate()
+    assert sorted(seen) == sorted(picked) and part["heldout_scored"] == 3
+
+    t.cfg.eval_heldout = len(held) + 5
+    assert t.scored_heldout() == list(held) and t.evaluate()["heldout_acc"] == full["heldout_acc"]
+    with pytest.raises(AnchorspecError, match="--eval-heldout"):
+        config(setup, tmp_path / "bad", eval_heldout=-1).validate()
