@@ -21,25 +21,19 @@ from pathlib import Path
 import torch
 
 from anchorspec.api import attach_drafter
-from anchorspec.data.corpus import CorpusExample, read_corpus
+from anchorspec.data.corpus import CorpusExample, read_part
 from anchorspec.models.drafter import load_drafter
 from anchorspec.models.target import load_target
 from anchorspec.train.ttt import ttt_forward
 
 
 def examples_of_parts(folder: Path, parts: list[int], limit: int, max_len: int) -> list[CorpusExample]:
-    """The first `limit` conversations of the given parts (read one part at a time), cut to `max_len`."""
+    """`limit` conversations spread over the given parts (not their first ones), cut to `max_len`."""
     out = []
     for part in parts:
-        one = folder / f"part-{part:04d}.npz"
-        tmp = Path("/tmp/anchorspec-draft-temperature") / f"p{part}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        for suffix in (".npz", ".json"):  # read_corpus reads a folder: give it this part alone
-            link = tmp / f"part-{part:04d}{suffix}"
-            if not link.exists():
-                link.symlink_to(one.with_suffix(suffix).resolve())
-        out += [CorpusExample(e.input_ids[:max_len], e.loss_mask[:max_len]) for e in read_corpus(tmp)]
-    step = max(len(out) // limit, 1)  # spread over the parts, not their first conversations
+        out += [CorpusExample(e.input_ids[:max_len], e.loss_mask[:max_len])
+                for e in read_part(folder / f"part-{part:04d}.npz")]
+    step = max(len(out) // limit, 1)
     return out[::step][:limit]
 
 

@@ -93,10 +93,16 @@ def read_corpus(folder: str | Path, vocab_size: int | None = None) -> list[Corpu
         raise AnchorspecError(f"{folder}: no corpus parts (part-*.npz)")
     out = []
     for npz in parts:
-        tokens, offsets, loss = _part_arrays(npz, _part_meta(npz), vocab_size)
-        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-            out.append(CorpusExample(tokens[a:b].tolist(), loss[a:b].tolist()))
+        out += read_part(npz, vocab_size)
     return out
+
+
+def read_part(npz: str | Path, vocab_size: int | None = None) -> list[CorpusExample]:
+    """The conversations of one part (`part-NNNN.npz`), after checking its hash and vocabulary."""
+    npz = Path(npz)
+    tokens, offsets, loss = _part_arrays(npz, _part_meta(npz), vocab_size)
+    return [CorpusExample(tokens[a:b].tolist(), loss[a:b].tolist())
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
 def _part_meta(npz: Path) -> dict:

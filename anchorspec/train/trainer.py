@@ -123,8 +123,6 @@ class TrainConfig:
             raise AnchorspecError(f"--variant must be eagle3 or eagle3.1, got {self.variant!r}")
         if (self.epochs is None) == (self.max_steps is None):
             raise AnchorspecError("give exactly one of --epochs and --max-steps")
-        if self.eval_heldout < 0:
-            raise AnchorspecError(f"--eval-heldout must be >= 0, got {self.eval_heldout}")
         for name in ("ttt_steps", "max_len", "batch_tokens", "grad_accum", "log_every", "eval_every", "save_every",
                      "eval_new_tokens"):
             if getattr(self, name) < 1:
@@ -159,10 +157,9 @@ class TrainConfig:
                 raise AnchorspecError("--attn-align applies to the distillation stage, not --stage accept")
         if self.accept_slots < 1:
             raise AnchorspecError(f"--accept-slots must be >= 1, got {self.accept_slots}")
-        if self.eval_prompts < 0:
-            raise AnchorspecError(f"--eval-prompts must be >= 0, got {self.eval_prompts}")
-        if self.eval_replay < 0:
-            raise AnchorspecError(f"--eval-replay must be >= 0, got {self.eval_replay}")
+        for name in ("eval_prompts", "eval_replay", "eval_heldout"):
+            if getattr(self, name) < 0:
+                raise AnchorspecError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -470,6 +467,11 @@ class Trainer:
             return list(held)
         return [held[i * len(held) // n] for i in range(n)]
 
+    def _heldout_batches(self, scored: list[int]) -> list[list[int]]:
+        """`scored` (example indices) in the evaluation's batches, each a list of example indices."""
+        lengths = [len(self.examples[i].input_ids) for i in scored]
+        return [[scored[i] for i in idx] for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0)]
+
     def _eval_prompts(self) -> list[list[int]]:
         """Held-out prompts: each example's tokens before its first assistant token."""
         out = []
@@ -503,11 +505,10 @@ class Trainer:
 
         self.drafter.eval()
         scored = self.scored_heldout()
-        lengths = [len(self.examples[i].input_ids) for i in scored]
         correct = valid = None
-        for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0):
+        for members in self._heldout_batches(scored):
             with self._autocast():
-                batch = self._batch([scored[i] for i in idx])
+                batch = self._batch(members)
                 _, _, acc, n, _ = self.objective(*batch)
             c = acc.double() * n.double()
             correct = c if correct is None else correct + c
@@ -554,12 +555,10 @@ class Trainer:
     def heldout_acceptance(self) -> dict:
         """Stage accept's objective on the held-out data: the mean expected accepted length of the
         drafter's own chains (and the mean greedy accepted length), over every scored chain."""
-        scored = self.scored_heldout()
-        lengths = [len(self.examples[i].input_ids) for i in scored]
         total = greedy = chains = 0.0
-        for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0):
+        for members in self._heldout_batches(self.scored_heldout()):
             with self._autocast():
-                loss, _, acc, n, _ = self.accept(*self._accept_batch([scored[i] for i in idx]))
+                loss, _, acc, n, _ = self.accept(*self._accept_batch(members))
             count = float(n[0])
             total += float(-loss) * count
             greedy += (simulated_tau(acc.tolist()) - 1) * count
