@@ -36,7 +36,7 @@ from .models.hub import resolve_target
 from .models.packed import is_packed, pack_linears, packing_supported
 from .models.dtype import model_shapes, resolve_packing, resolve_target_dtype
 from .models.compiled import COMPILE_PAYS_AT, graphs_compiled
-from .models.target import Target, load_target, pack_if_faster
+from .models.target import Target, default_aux_layer_ids, load_target, pack_if_faster
 
 # The server's and `tune`'s starting shape. CPU-sized: a 16-token verification costs ~1.6x a decode step
 # here, 32 tokens ~2.2x (benchmarks/bench_core.py); EAGLE's GPU default (10, 7, 60) would need tau > 4
@@ -69,7 +69,10 @@ def attach_drafter(target: Target, drafter: Eagle3Drafter) -> None:
         raise AnchorspecError(
             f"drafter hidden_size={c.hidden_size} differs from the target embedding width {target.embed_weight.shape[1]}"
         )
-    target.set_aux_layers(c.eagle_aux_hidden_state_layer_ids or None)
+    aux = tuple(c.eagle_aux_hidden_state_layer_ids or default_aux_layer_ids(target.num_layers))
+    if getattr(drafter, "embed_weight", None) is target.embed_weight and target.aux_layer_ids == aux:
+        return  # attached already (`load` attaches before compiling, then Engine is handed the pair)
+    target.set_aux_layers(aux)
     drafter.to(target.embed_weight.device)  # the drafter reads the target's states where they are
     drafter.bind_target_embedding(target.embed_weight)
 

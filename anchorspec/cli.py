@@ -437,6 +437,11 @@ def cmd_pack_corpus(args) -> int:
             raise AnchorspecError(f"answers file {path} does not exist")
     report = pack_answers(args.answers, args.out, args.target, eval_data=args.eval_data, info=info,
                           max_tokens_per_part=args.part_tokens)
+    if report["already_packed"] and not report["new_records"]:
+        # ids are prompt ids: answers sampled again for packed prompts would vanish here without a word
+        print(f"anchorspec: pack-corpus: all {report['already_packed']} records are in {args.out} already (by id); "
+              f"answers regenerated for packed prompts (e.g. sampled at another temperature) go into a corpus "
+              f"folder of their own", file=sys.stderr)
     print(json.dumps(report))
     return 0
 

@@ -8,6 +8,10 @@ drew from). This measures the overlap along held-out answers, teacher-forced as 
 unroll, `train/ttt.py`): for each depth k and factor s, the mean over scored positions of
 sum_x min(p(x), q_s(x)), and the chain's expected tau 1 + a_1 + a_1 a_2 + ... from those means.
 
+`--contexts greedy,sampled` measures along two texts of the same prompts: each conversation cut to its first
+answer, which is kept as stored (the corpus is greedy) or replaced by one the target samples at T. Real sampled
+decoding runs along sampled text, which the drafter never trained on.
+
     python benchmarks/draft_temperature.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
         --data corpus/smollm2-135m-instruct --parts 30,31 --limit 24
 """
@@ -37,9 +41,37 @@ def examples_of_parts(folder: Path, parts: list[int], limit: int, max_len: int) 
     return out[::step][:limit]
 
 
+def first_answer(ex: CorpusExample) -> CorpusExample:
+    """The conversation up to the end of its first assistant answer."""
+    mask = ex.loss_mask
+    start = mask.index(1)
+    end = start
+    while end < len(mask) and mask[end]:
+        end += 1
+    return CorpusExample(ex.input_ids[:end], mask[:end])
+
+
+@torch.no_grad()
+def resampled(target, ex: CorpusExample, temperature: float, seed: int) -> CorpusExample:
+    """`ex`'s prompt with an answer the target samples at `temperature` (pure sampling: no top-k, no top-p),
+    at most as long as the stored answer's budget."""
+    start = ex.loss_mask.index(1)
+    prompt = torch.tensor([ex.input_ids[:start]])
+    torch.manual_seed(seed)
+    out = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
+                                temperature=temperature, top_k=0, top_p=1.0,
+                                max_new_tokens=len(ex.input_ids) - start, pad_token_id=0)
+    answer = out[0, start:].tolist()
+    return CorpusExample(ex.input_ids[:start] + answer, [0] * start + [1] * len(answer))
+
+
+CONFIDENCE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0 + 1e-9)  # the target's top probability at T
+
+
 @torch.no_grad()
 def overlaps(target, drafter, ex: CorpusExample, steps: int, temperature: float, factors: list[float]):
-    """Per depth k and factor s: (sum of overlaps, positions scored) along one conversation."""
+    """Per depth k and factor s: (sum of overlaps, positions scored) along one conversation; and at depth 1
+    with the first factor, per bin of the target's top probability (CONFIDENCE_BINS): (sum, positions)."""
     ids = torch.tensor([ex.input_ids])
     loss = torch.tensor([ex.loss_mask])
     out = target.features(ids)
@@ -49,6 +81,10 @@ def overlaps(target, drafter, ex: CorpusExample, steps: int, temperature: float,
     T = ids.shape[1]
     sums = torch.zeros(steps, len(factors), dtype=torch.float64)
     counts = torch.zeros(steps, dtype=torch.long)
+    bins = torch.zeros(len(CONFIDENCE_BINS) - 1, 3, dtype=torch.float64)  # overlap, positions, p in the draft vocab
+    # depth 1 split by whether the token the drafter is handed (t + 1) was the target's argmax at t: the
+    # drafter sees the target's features up to t only, so a sampled, unexpected token is news to it
+    by_input = torch.zeros(2, 2, dtype=torch.float64)  # [argmax, not] x (overlap, positions)
     for k in range(steps):
         n = T - k - 2
         if n <= 0:
@@ -60,9 +96,19 @@ def overlaps(target, drafter, ex: CorpusExample, steps: int, temperature: float,
         lg = res.logits[k, 0, rows].double()
         for j, s in enumerate(factors):
             q = torch.softmax(lg / (temperature * s), dim=-1)
-            sums[k, j] += torch.minimum(p, q).sum(-1).sum()
+            overlap = torch.minimum(p, q).sum(-1)
+            sums[k, j] += overlap.sum()
+            if k == 0 and j == 0:
+                top = torch.softmax(logits[0, 1 + rows] / temperature, dim=-1).amax(-1).double()
+                which = torch.bucketize(top, torch.tensor(CONFIDENCE_BINS, dtype=torch.float64), right=True) - 1
+                bins[:, 0].index_add_(0, which, overlap)
+                bins[:, 1].index_add_(0, which, torch.ones_like(overlap))
+                bins[:, 2].index_add_(0, which, p.sum(-1))  # the most any q can overlap
+                expected = (logits[0, rows].argmax(-1) == ids[0, 1 + rows]).long()
+                by_input[:, 0].index_add_(0, 1 - expected, overlap)
+                by_input[:, 1].index_add_(0, 1 - expected, torch.ones_like(overlap))
         counts[k] += rows.numel()
-    return sums, counts
+    return sums, counts, bins, by_input
 
 
 def main(argv=None) -> int:
@@ -76,6 +122,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4, help="chain depth scored")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--factors", default="0.5,0.7,0.85,1.0,1.2,1.5")
+    ap.add_argument("--contexts", default="stored",
+                    help="stored (whole conversations as in the corpus), or a comma list of greedy and sampled "
+                         "(first answers: as stored, or sampled by the target at --temperature)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sampled answers")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", help="JSON file for the figures")
@@ -83,28 +133,62 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     factors = [float(x) for x in args.factors.split(",")]
     exs = examples_of_parts(Path(args.data), [int(x) for x in args.parts.split(",")], args.limit, args.max_len)
+    target = load_target(args.target, args.dtype, pack="off")
+    contexts = {}  # the same texts for every drafter
+    for kind in args.contexts.split(","):
+        if kind == "stored":
+            contexts[kind] = exs
+        elif kind in ("greedy", "sampled"):
+            contexts[kind] = [first_answer(ex) for ex in exs]
+            if kind == "sampled":
+                contexts[kind] = [resampled(target, ex, args.temperature, args.seed + i)
+                                  for i, ex in enumerate(contexts[kind])]
+        else:
+            ap.error(f"--contexts: unknown kind {kind!r} (stored, greedy, sampled)")
     report = {"config": vars(args), "drafters": {}}
     for spec in args.drafter:
         name, _, path = spec.rpartition("=")
         name = name or Path(path).name
         drafter = load_drafter(path, getattr(torch, args.dtype)).eval()
-        aux = drafter.config.eagle_aux_hidden_state_layer_ids
-        target = load_target(args.target, args.dtype, aux_layer_ids=aux, pack="off")
-        attach_drafter(target, drafter)
-        sums = torch.zeros(args.steps, len(factors), dtype=torch.float64)
-        counts = torch.zeros(args.steps, dtype=torch.long)
-        for ex in exs:
-            s, c = overlaps(target, drafter, ex, args.steps, args.temperature, factors)
-            sums += s
-            counts += c
-        alpha = sums / counts.clamp(min=1).unsqueeze(1)
-        taus = [float(1 + sum(torch.cumprod(alpha[:, j], 0))) for j in range(len(factors))]
-        report["drafters"][name] = {"positions": counts.tolist(), "factors": factors,
-                                    "acceptance": alpha.tolist(), "expected_tau": taus}
-        print(f"{name}: {len(exs)} conversations, T={args.temperature}, chain of {args.steps}, positions {counts.tolist()}")
-        print("  s     " + "  ".join(f"a{k + 1:<5d}" for k in range(args.steps)) + "  expected tau")
-        for j, s in enumerate(factors):
-            print(f"  {s:<5.2f} " + "  ".join(f"{float(alpha[k, j]):.3f}" for k in range(args.steps)) + f"   {taus[j]:.3f}")
+        attach_drafter(target, drafter)  # this drafter's aux layers
+        for kind, texts in contexts.items():
+            sums = torch.zeros(args.steps, len(factors), dtype=torch.float64)
+            counts = torch.zeros(args.steps, dtype=torch.long)
+            by_confidence = torch.zeros(len(CONFIDENCE_BINS) - 1, 3, dtype=torch.float64)
+            by_input = torch.zeros(2, 2, dtype=torch.float64)
+            for ex in texts:
+                s, c, b, i = overlaps(target, drafter, ex, args.steps, args.temperature, factors)
+                sums += s
+                counts += c
+                by_confidence += b
+                by_input += i
+            alpha = sums / counts.clamp(min=1).unsqueeze(1)
+            taus = [float(1 + sum(torch.cumprod(alpha[:, j], 0))) for j in range(len(factors))]
+            key = name if args.contexts == "stored" else f"{name}/{kind}"
+            report["drafters"][key] = {"positions": counts.tolist(), "factors": factors,
+                                       "acceptance": alpha.tolist(), "expected_tau": taus,
+                                       "depth1_by_target_confidence": {
+                                           "bins": list(CONFIDENCE_BINS), "positions": by_confidence[:, 1].tolist(),
+                                           "acceptance": (by_confidence[:, 0] / by_confidence[:, 1].clamp(min=1)).tolist(),
+                                           "target_mass_in_draft_vocab":
+                                               (by_confidence[:, 2] / by_confidence[:, 1].clamp(min=1)).tolist()},
+                                       "depth1_by_input_token": {
+                                           "kinds": ["the target's argmax", "another token"],
+                                           "positions": by_input[:, 1].tolist(),
+                                           "acceptance": (by_input[:, 0] / by_input[:, 1].clamp(min=1)).tolist()}}
+            print(f"{key}: {len(texts)} conversations ({kind} text), T={args.temperature}, chain of {args.steps}, "
+                  f"positions {counts.tolist()}")
+            print("  s     " + "  ".join(f"a{k + 1:<5d}" for k in range(args.steps)) + "  expected tau")
+            for j, s in enumerate(factors):
+                print(f"  {s:<5.2f} " + "  ".join(f"{float(alpha[k, j]):.3f}" for k in range(args.steps))
+                      + f"   {taus[j]:.3f}")
+            print(f"  depth 1 at s={factors[0]} by the target's top probability: " + ", ".join(
+                f"[{lo:.2f},{min(hi, 1.0):.2f}) {float(b[0] / max(b[1], 1)):.3f} (mass in the draft vocabulary "
+                f"{float(b[2] / max(b[1], 1)):.3f}, {int(b[1])} positions)"
+                for lo, hi, b in zip(CONFIDENCE_BINS, CONFIDENCE_BINS[1:], by_confidence)))
+            print("  depth 1 by the token handed to the drafter: " + ", ".join(
+                f"{kind} {float(b[0] / max(b[1], 1)):.3f} ({int(b[1])} positions)"
+                for kind, b in zip(("the target's argmax", "another token"), by_input)))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -71,6 +71,7 @@ def test_pack_answers_filters_dedupes_and_is_incremental(setup, tmp_path):
     out = tmp_path / "corpus"
     rep = pack_answers([str(first)], out, str(target_dir), eval_data=evals, info={"temperature": "0"})
     assert (rep["new_records"], rep["kept"], rep["contaminated"], rep["duplicates"]) == (5, 3, 1, 1)
+    assert rep["already_packed"] == 0
     meta = json.loads((out / "part-0000.json").read_text())
     assert meta["ids"] == ["src:0", "src:1", "src:3"] and meta["temperature"] == "0"
     assert meta["sources"] == {"src": 3} and meta["eval_filter"] == ["mt_bench/question.jsonl"]
@@ -80,8 +81,28 @@ def test_pack_answers_filters_dedupes_and_is_incremental(setup, tmp_path):
     # the answers file grows: only records no part holds are looked at (the dropped one again), one new part
     write_jsonl(first, regenerate_records(convs[:6]))
     rep2 = pack_answers([str(first)], out, str(target_dir), eval_data=evals)
-    assert (rep2["new_records"], rep2["kept"], rep2["contaminated"]) == (3, 2, 1)
+    assert (rep2["new_records"], rep2["already_packed"], rep2["kept"], rep2["contaminated"]) == (3, 3, 2, 1)
     assert len(rep2["new_parts"]) == 1 and rep2["conversations"] == 5
+
+
+def test_pack_corpus_says_when_every_record_is_packed_already(setup, tmp_path, capsys):
+    """Ids are prompt ids: answers sampled again for packed prompts must not vanish without a word."""
+    from anchorspec.cli import main
+
+    target_dir, _ = setup
+    convs = make_conversations(3, seed=5)
+    answers = write_jsonl(tmp_path / "a.jsonl", regenerate_records(convs))
+    out, evals = tmp_path / "corpus", tmp_path / "eval"
+    (evals / "mt_bench").mkdir(parents=True)
+    (evals / "mt_bench" / "question.jsonl").write_text(json.dumps({"turns": ["an evaluation prompt"]}) + "\n")
+    argv = ["pack-corpus", str(answers), "--target", str(target_dir), "--out", str(out), "--eval-data", str(evals)]
+    assert main(argv) == 0
+    assert "already" not in capsys.readouterr().err
+    write_jsonl(answers, regenerate_records(make_conversations(3, seed=6)))  # the same ids, other answers
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "all 3 records are in" in captured.err and "folder of their own" in captured.err
+    assert json.loads(captured.out)["conversations"] == 3
 
 
 def test_corpus_trains_exactly_like_its_conversations(setup, tmp_path):

@@ -713,6 +713,27 @@ def test_attach_drafter_hidden_differs_from_embedding(target):
         attach_drafter(target, Eagle3Drafter(cfg))
 
 
+def test_attach_drafter_twice_is_a_no_op(target_model):
+    """`load` attaches before compiling and Engine attaches again: the second must not redo the hooks."""
+    t = Target(target_model)
+    try:
+        d = make_drafter("eagle3.1")
+        attach_drafter(t, d)
+        hooks = list(t._hooks)
+        attach_drafter(t, d)
+        assert t._hooks == hooks and d.embed_weight is t.embed_weight
+        other = make_drafter("eagle3")
+        other.config.eagle_aux_hidden_state_layer_ids = [1, 3, 6]
+        attach_drafter(t, other)  # another drafter's layers are set
+        assert t.aux_layer_ids == (1, 3, 6) and t._hooks != hooks
+        bare = make_drafter("eagle3")
+        bare.config.eagle_aux_hidden_state_layer_ids = None  # a config without ids gets the target's default
+        attach_drafter(t, bare)
+        assert list(t.aux_layer_ids) == DEFAULT_AUX
+    finally:
+        t.set_aux_layers([])  # drop this Target's hooks from the shared model
+
+
 @pytest.mark.parametrize("ids", [[2, 4, 8], [-1, 4, 5], [2, 4, 100]])
 def test_target_set_aux_layers_out_of_range(target_model, ids):
     t = Target(target_model)

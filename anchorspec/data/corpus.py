@@ -176,7 +176,7 @@ def pack_answers(answer_files: list[str], folder: str | Path, target: str, eval_
     tokenizer = AutoTokenizer.from_pretrained(resolve_target(target))
     done = packed_ids(folder)
     packed_keys: set[str] = set()
-    records = []
+    records, already = [], 0
     for path in answer_files:
         for n, row in jsonl_rows(path):
             if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or "id" not in row:
@@ -186,6 +186,7 @@ def pack_answers(answer_files: list[str], folder: str | Path, target: str, eval_
                 records.append(row)
             else:  # already in a part: a new record with the same prompt is a duplicate
                 packed_keys.add(dedupe_key(row["messages"]))
+                already += 1
     report = FilterReport()
     by_key = {id(r["messages"]): r for r in records}
     kept = [by_key[id(m)] for m in clean_conversations((r["messages"] for r in records), eval_filter, report,
@@ -213,5 +214,5 @@ def pack_answers(answer_files: list[str], folder: str | Path, target: str, eval_
             batch, tokens = [], 0
     if batch:
         flush()
-    return {"new_records": len(records), "kept": report.kept, "contaminated": report.contaminated,
+    return {"new_records": len(records), "already_packed": already, "kept": report.kept, "contaminated": report.contaminated,
             "duplicates": report.duplicates, **corpus_summary(folder), "new_parts": parts}
