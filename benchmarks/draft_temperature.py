@@ -70,8 +70,9 @@ CONFIDENCE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0 + 1e-9)  # the target's to
 
 @torch.no_grad()
 def overlaps(target, drafter, ex: CorpusExample, steps: int, temperature: float, factors: list[float]):
-    """Per depth k and factor s: (sum of overlaps, positions scored) along one conversation; and at depth 1
-    with the first factor, per bin of the target's top probability (CONFIDENCE_BINS): (sum, positions)."""
+    """Per depth k and factor s: (sum of overlaps, positions scored) along one conversation; and at depth 1 with
+    the first factor, per bin of the target's top probability (CONFIDENCE_BINS): (sum of overlaps, positions, sum
+    of the target's mass inside the draft vocabulary), and by the handed token, argmax or not: (sum, positions)."""
     ids = torch.tensor([ex.input_ids])
     loss = torch.tensor([ex.loss_mask])
     out = target.features(ids)
@@ -92,14 +93,15 @@ def overlaps(target, drafter, ex: CorpusExample, steps: int, temperature: float,
         rows = torch.nonzero(loss[0, k + 2: k + 2 + n] > 0).flatten()  # assistant tokens predicted
         if rows.numel() == 0:
             continue
-        p = torch.softmax(logits[0, k + 1 + rows] / temperature, dim=-1)[:, d2t].double()  # [R, Vd]
+        target_p = torch.softmax(logits[0, k + 1 + rows] / temperature, dim=-1)  # [R, V]
+        p = target_p[:, d2t].double()  # [R, Vd]
         lg = res.logits[k, 0, rows].double()
         for j, s in enumerate(factors):
             q = torch.softmax(lg / (temperature * s), dim=-1)
             overlap = torch.minimum(p, q).sum(-1)
             sums[k, j] += overlap.sum()
             if k == 0 and j == 0:
-                top = torch.softmax(logits[0, 1 + rows] / temperature, dim=-1).amax(-1).double()
+                top = target_p.amax(-1).double()
                 which = torch.bucketize(top, torch.tensor(CONFIDENCE_BINS, dtype=torch.float64), right=True) - 1
                 bins[:, 0].index_add_(0, which, overlap)
                 bins[:, 1].index_add_(0, which, torch.ones_like(overlap))

@@ -214,5 +214,6 @@ def pack_answers(answer_files: list[str], folder: str | Path, target: str, eval_
             batch, tokens = [], 0
     if batch:
         flush()
-    return {"new_records": len(records), "already_packed": already, "kept": report.kept, "contaminated": report.contaminated,
-            "duplicates": report.duplicates, **corpus_summary(folder), "new_parts": parts}
+    return {"new_records": len(records), "already_packed": already, "kept": report.kept,
+            "contaminated": report.contaminated, "duplicates": report.duplicates, **corpus_summary(folder),
+            "new_parts": parts}
