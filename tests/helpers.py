@@ -98,25 +98,32 @@ CHAT_ROLES = ["system", "user", "assistant"]
 CHAT_WORDS = [f"w{i}" for i in range(VOCAB - len(CHAT_SPECIALS) - len(CHAT_ROLES))]
 
 
-def tiny_chat_tokenizer():
-    """A fast word-level tokenizer (whitespace split) over CHAT_WORDS with a ChatML template, eos <|im_end|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def tiny_chat_tokenizer(roundtrip: bool = False):
+    """A fast word-level tokenizer (whitespace split) over CHAT_WORDS with a ChatML template, eos <|im_end|>.
+    ``roundtrip``: spaces and newlines are tokens of their own (the last two CHAT_WORDS give up their ids),
+    so decode(encode(text)) == text, as for real byte-level tokenizers; content may use CHAT_WORDS[:-2]."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = CHAT_SPECIALS + CHAT_ROLES + CHAT_WORDS
+    words = [" ", "\n"] + CHAT_WORDS[:-2] if roundtrip else CHAT_WORDS
+    vocab = CHAT_SPECIALS + CHAT_ROLES + words
     assert len(vocab) == VOCAB
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
+    if roundtrip:
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("[ \n]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()  # tokens concatenated as they are
+    else:
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
                                                 chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False)
     fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     return fast
 
 
-def save_tiny_chat_target(path, family: str = "llama", dtype=torch.float64, seed: int = 0):
-    """Save a tiny random target (see tiny_target) plus tiny_chat_tokenizer() to ``path``, loadable by
+def save_tiny_chat_target(path, family: str = "llama", dtype=torch.float64, seed: int = 0, roundtrip: bool = False):
+    """Save a tiny random target (see tiny_target) plus tiny_chat_tokenizer(roundtrip) to ``path``, loadable by
     load_target and the CLI; the model's eos is the template's end-of-turn token. Returns ``path``."""
-    tokenizer = tiny_chat_tokenizer()
+    tokenizer = tiny_chat_tokenizer(roundtrip)
     model = tiny_target(family, dtype=dtype, seed=seed).model
     eos = tokenizer.eos_token_id
     model.config.eos_token_id = eos

@@ -78,3 +78,31 @@ def test_released_drafter_commits_several_tokens_and_matches_greedy():
             accepted += res.stats.accepted_tokens
             assert res.stats.target_forwards < len(ref.token_ids)  # fewer target forwards than tokens
     assert accepted > 0
+
+
+def test_committed_corpus_prompts_read_back_with_the_real_template():
+    """`regenerate --data corpus/...` answers the committed corpus's prompts again (sampled twins):
+    SmolLM2's tokenizer and ChatML template must read every kind of packed prompt back exactly
+    (ShareGPT first turns, later turns with their context reply, Magpie prompts)."""
+    from transformers import AutoTokenizer
+
+    from anchorspec.data.corpus import iter_packed
+    from anchorspec.data.chat import first_answer, messages_from_prompt, prompt_ids, template_markers
+    from anchorspec.models.hub import resolve_target
+
+    corpus = Path(__file__).resolve().parents[1] / "corpus" / "smollm2-135m-instruct"
+    tok = AutoTokenizer.from_pretrained(resolve_target("smollm2-135m-instruct"))
+    markers, seen = template_markers(tok), {"first": 0, "later": 0}
+    assert markers is not None
+    for pid, tokens, loss in iter_packed(corpus, vocab_size=tok.vocab_size):
+        kind = "later" if pid.endswith("#later") else "first"
+        if seen[kind] >= 40:
+            if min(seen.values()) >= 40:
+                break
+            continue
+        prompt = tokens[: first_answer(tokens, loss)[1]]
+        messages = messages_from_prompt(tok, prompt, markers)
+        assert messages is not None and prompt_ids(tok, messages) == prompt, pid
+        assert sum(m["role"] == "assistant" for m in messages) == (kind == "later"), pid
+        seen[kind] += 1
+    assert min(seen.values()) >= 40

@@ -798,3 +798,134 @@ def test_context_replies_mask_only_the_later_replies(target):
     assert sum(render_with_loss_mask(target.tokenizer, conv, context_replies=2)[1]) == 0
     with pytest.raises(AnchorspecError, match="context_replies 3"):
         render_with_loss_mask(target.tokenizer, conv, context_replies=3)
+
+
+# --------------------------------------------------------------------------------------------
+# a packed corpus as the prompt source (its prompts answered again)
+# --------------------------------------------------------------------------------------------
+
+def roundtrip_conversations(n: int, seed: int) -> list[PromptItem]:
+    """Prompts over the round-trip tokenizer's words: plain, with a system prompt, with newlines, and
+    later turns whose earlier reply is context (context_replies=1, as `--turns later` writes them)."""
+    import random
+
+    from helpers import CHAT_WORDS
+
+    rng, words = random.Random(seed), CHAT_WORDS[:-2]
+
+    def text(lo, hi, sep=" "):
+        return sep.join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
+
+    out = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": text(2, 6) + ("\n" + text(1, 3) if i % 3 == 1 else "")}]
+        if i % 4 == 2:
+            msgs.insert(0, {"role": "system", "content": text(2, 4)})
+        if i % 5 == 3:
+            out.append(PromptItem(f"rt:{i}#later", msgs + [{"role": "assistant", "content": text(2, 5)},
+                                                            {"role": "user", "content": text(1, 4)}],
+                                  context_replies=1))
+        else:
+            out.append(PromptItem(f"rt:{i}", msgs))
+    return out
+
+
+@pytest.fixture(scope="module")
+def rt_target_dir(tmp_path_factory):
+    return save_tiny_chat_target(tmp_path_factory.mktemp("rt_target"), dtype=torch.float64, seed=1, roundtrip=True)
+
+
+@pytest.fixture(scope="module")
+def rt_corpus(rt_target_dir, tmp_path_factory):
+    """Greedy answers to roundtrip_conversations, packed: the corpus whose prompts are answered again."""
+    from anchorspec.data.corpus import pack_answers
+
+    tmp = tmp_path_factory.mktemp("rt_corpus")
+    target = load_target(str(rt_target_dir), "float64")
+    items = roundtrip_conversations(12, seed=5)
+    regenerate(target, items, tmp / "greedy.jsonl", max_new_tokens=MAX_NEW, batch_size=4, progress=False)
+    pack_answers([str(tmp / "greedy.jsonl")], tmp / "corpus", str(rt_target_dir), eval_data=None)
+    return target, items, tmp / "greedy.jsonl", tmp / "corpus"
+
+
+def test_messages_from_prompt_reads_back_exactly_what_prompt_ids_encodes(rt_corpus):
+    from anchorspec.data.chat import messages_from_prompt, prompt_ids as encode
+    from helpers import tiny_chat_tokenizer
+
+    target, items, _, _ = rt_corpus
+    tok = target.tokenizer
+    for it in items:
+        ids = encode(tok, it.messages)
+        assert messages_from_prompt(tok, ids) == it.messages, it.id
+        assert messages_from_prompt(tok, ids[:-1]) is None  # not ready for a reply
+        assert messages_from_prompt(tok, ids + encode(tok, items[0].messages)) is None  # two prompts glued
+    # a tokenizer whose decode does not give the rendered text back: nothing is guessed
+    plain = tiny_chat_tokenizer()
+    assert messages_from_prompt(plain, encode(plain, [{"role": "user", "content": "w1 w2"}])) is None
+    # a template not of the form open(role) + content + close: nothing is guessed
+    odd = tiny_chat_tokenizer(roundtrip=True)
+    odd.chat_template = "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+    assert messages_from_prompt(odd, encode(odd, [{"role": "user", "content": "w1 w2"}])) is None
+
+
+def test_corpus_prompts_answered_again_under_their_ids(rt_corpus, rt_target_dir, tmp_path):
+    """Greedy answers to a corpus's own prompts are the packed answers again, token for token; sampled
+    answers pack into a folder of their own with the same prompts and ids, later turns' context
+    replies left untrained."""
+    from anchorspec.data.corpus import pack_answers, packed_conversations
+    from anchorspec.data.regenerate import corpus_prompt_items
+
+    target, items, greedy, corpus = rt_corpus
+    got = corpus_prompt_items(corpus, target.tokenizer)
+    assert (got.unreadable, got.no_answer) == (0, 0)
+    by_id = {it.id: it for it in items}
+    assert sorted(it.id for it in got.items) == sorted(by_id)
+    for it in got.items:
+        assert it.messages == by_id[it.id].messages and it.context_replies == by_id[it.id].context_replies
+
+    again = tmp_path / "again.jsonl"
+    regenerate(target, got.items, again, max_new_tokens=MAX_NEW, batch_size=4, progress=False)
+    assert sorted(read_records(again), key=lambda r: r["id"]) == sorted(read_records(greedy), key=lambda r: r["id"])
+
+    sampled = tmp_path / "t1.jsonl"
+    regenerate(target, got.items, sampled, max_new_tokens=MAX_NEW, batch_size=4, temperature=1.0, seed=3,
+               progress=False)
+    recs = {r["id"]: r for r in read_records(sampled)}
+    assert any(recs[i]["messages"][-1] != r["messages"][-1] for i, r in ((r["id"], r) for r in read_records(greedy)))
+    pack_answers([str(sampled)], tmp_path / "t1", str(rt_target_dir), eval_data=None)
+    twins, originals = packed_conversations(tmp_path / "t1", set(recs)), packed_conversations(corpus, set(recs))
+    assert sorted(twins) == sorted(recs)
+    for pid, (tokens, loss) in twins.items():
+        start = loss.index(1)
+        assert tokens[:start] == originals[pid][0][:originals[pid][1].index(1)]  # the same prompt, context untrained
+
+
+def test_corpus_prompts_limit_and_unreadable_count(rt_corpus):
+    from anchorspec.data.regenerate import corpus_prompt_items
+    from helpers import tiny_chat_tokenizer
+
+    target, items, _, corpus = rt_corpus
+    a = corpus_prompt_items(corpus, target.tokenizer, limit=5, seed=1)
+    assert len(a.items) == 5 and [it.id for it in a.items] == [it.id for it in
+                                                               corpus_prompt_items(corpus, target.tokenizer, 5, 1).items]
+    assert {it.id for it in a.items} != {it.id for it in corpus_prompt_items(corpus, target.tokenizer, 5, 2).items}
+    with pytest.raises(AnchorspecError, match="none of its 12 prompts reads back"):
+        corpus_prompt_items(corpus, tiny_chat_tokenizer())  # another tokenizer's ids
+
+
+def test_cli_regenerates_a_corpus_s_prompts(capsys, rt_corpus, rt_target_dir, tmp_path):
+    _, items, greedy, corpus = rt_corpus
+    out = tmp_path / "o.jsonl"
+    code, stdout, _ = run_cli(capsys, "--target", rt_target_dir, "--data", corpus, "--out", out, "--dtype", "float64",
+                              "--max-new-tokens", MAX_NEW, "--batch-size", 4, "--threads", 1)
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == len(items)
+    assert sorted(out.read_text().splitlines()) == sorted(greedy.read_text().splitlines())
+    code, stdout, _ = run_cli(capsys, "--target", rt_target_dir, "--data", corpus, "--out", tmp_path / "s.jsonl",
+                              "--dtype", "float64", "--max-new-tokens", 2, "--skip-packed", corpus, "--threads", 1)
+    assert code == 0 and json.loads(stdout.strip().splitlines()[-1])["answered"] == 0  # all answered there
+    code, _, err = run_cli(capsys, "--target", rt_target_dir, "--data", corpus, "--out", tmp_path / "x.jsonl",
+                           "--turns", "all")
+    assert code == 2 and "--turns must be first" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "--endpoint", "http://127.0.0.1:9/v1", "--data", corpus, "--out",
+                           tmp_path / "y.jsonl")
+    assert code == 2 and "--target is needed" in err and len(err.strip().splitlines()) == 1

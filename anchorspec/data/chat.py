@@ -143,3 +143,61 @@ def render_with_loss_mask(tokenizer, conversation: Sequence[dict], system: Syste
         if j < len(spans) and e > s and spans[j][0] <= s and e <= spans[j][1]:
             mask[t] = 1
     return ids, mask
+
+
+def template_markers(tokenizer) -> tuple[str, dict[str, str], str, str] | None:
+    """(lead, the opening text of each role's turn, the text that closes a turn, the generation
+    prompt) of templates that render every message as ``open(role) + content + close``, learnt by
+    rendering sentinel messages; None when the template is not of that form."""
+    a, b, c = "\ue000", "\ue001", "\ue002"
+    try:
+        two = _render(tokenizer, [{"role": "system", "content": a}, {"role": "user", "content": b}], False)
+        three = _render(tokenizer, [{"role": "system", "content": a}, {"role": "user", "content": b},
+                                    {"role": "assistant", "content": c}], False)
+        gen = _render(tokenizer, [{"role": "system", "content": a}, {"role": "user", "content": b}], True)
+    except AnchorspecError:
+        return None
+    if not (two.count(a) == two.count(b) == 1 and gen.startswith(two) and three.startswith(two)):
+        return None
+    close = two[two.index(b) + 1:]
+    between = two[two.index(a) + 1: two.index(b)]
+    if not close or not between.startswith(close):
+        return None
+    opens = {"user": between[len(close):], "assistant": gen[len(two):]}
+    if three[len(two):] != opens["assistant"] + c + close or "user" not in opens["user"]:
+        return None
+    opens["system"] = opens["user"].replace("user", "system", 1)
+    head = two[: two.index(a)]
+    if not head.endswith(opens["system"]):
+        return None
+    return head[: len(head) - len(opens["system"])], opens, close, opens["assistant"]
+
+
+def messages_from_prompt(tokenizer, ids: Sequence[int], markers=None) -> list[dict] | None:
+    """The messages whose chat-template rendering, ready for the reply, is exactly `ids` (what
+    `prompt_ids` would encode); None when they cannot be recovered. Read back from a packed corpus,
+    so its prompts can be answered again (e.g. sampled twins of greedy answers) without their
+    sources. The decoded text is split at the template's turn markers and the result is kept only if
+    it encodes back to the same ids, so a template or tokenizer this cannot read costs a skipped
+    prompt, never a wrong one. `markers`: `template_markers(tokenizer)`, when reading many."""
+    markers = markers or template_markers(tokenizer)
+    if markers is None:
+        return None
+    lead, opens, close, gen = markers
+    text = tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if not text.startswith(lead) or not text.endswith(gen):
+        return None
+    body, pos, messages = text[: len(text) - len(gen)], len(lead), []
+    while pos < len(body):
+        role = next((r for r in ROLES if body.startswith(opens[r], pos)), None)
+        if role is None:
+            return None
+        start = pos + len(opens[role])
+        end = body.find(close, start)
+        if end < 0:
+            return None
+        messages.append({"role": role, "content": body[start:end]})
+        pos = end + len(close)
+    if not messages or messages[-1]["role"] != "user" or prompt_ids(tokenizer, messages) != list(ids):
+        return None
+    return messages

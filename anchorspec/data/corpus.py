@@ -124,26 +124,30 @@ def _part_arrays(npz: Path, meta: dict, vocab_size: int | None = None):
         return z["tokens"].astype(np.int64), z["offsets"], z["loss"]
 
 
-def packed_conversations(folder: str | Path, ids: set[str]) -> dict[str, tuple[list[int], list[int]]]:
-    """{id: (token ids, loss mask)} of the packed conversations with these record ids (a part's
-    provenance lists its records' ids in order; parts without ids are skipped)."""
+def iter_packed(folder: str | Path, ids: set[str] | None = None, vocab_size: int | None = None):
+    """(record id, token ids, loss mask) of the packed conversations, in part order; only those
+    whose ids are in `ids` when it is given. A part's provenance lists its records' ids in order;
+    parts without ids (packed before ids were kept) are skipped."""
     folder = Path(folder)
     if not is_corpus(folder):
         raise AnchorspecError(f"{folder} is not a corpus folder (no part-*.npz)")
-    out = {}
     for npz in sorted(folder.glob("part-*.npz")):
         meta = _part_meta(npz)
         part_ids = meta.get("ids") or []
-        rows = [k for k, pid in enumerate(part_ids) if pid in ids]
+        rows = [k for k, pid in enumerate(part_ids) if ids is None or pid in ids]
         if not rows:
             continue
-        tokens, offsets, loss = _part_arrays(npz, meta)
+        tokens, offsets, loss = _part_arrays(npz, meta, vocab_size)
         if len(offsets) - 1 != len(part_ids):
             raise AnchorspecError(f"{npz}: {len(offsets) - 1} conversations but {len(part_ids)} ids in its provenance")
         for k in rows:
             a, b = int(offsets[k]), int(offsets[k + 1])
-            out[part_ids[k]] = (tokens[a:b].tolist(), loss[a:b].tolist())
-    return out
+            yield part_ids[k], tokens[a:b].tolist(), loss[a:b].tolist()
+
+
+def packed_conversations(folder: str | Path, ids: set[str]) -> dict[str, tuple[list[int], list[int]]]:
+    """{id: (token ids, loss mask)} of the packed conversations with these record ids."""
+    return {pid: (tokens, loss) for pid, tokens, loss in iter_packed(folder, ids)}
 
 
 def corpus_summary(folder: str | Path) -> dict:

@@ -212,6 +212,48 @@ def continue_conversations(items: list[PromptItem], corpus, tokenizer) -> Contin
     return out
 
 
+@dataclass
+class CorpusPrompts:
+    items: list[PromptItem]
+    unreadable: int = 0  # prompts whose rendering does not read back into messages (chat.messages_from_prompt)
+    no_answer: int = 0  # records with no trained span
+
+
+def corpus_prompt_items(folder, tokenizer, limit: int | None = None, seed: int = 0) -> CorpusPrompts:
+    """The prompts a packed corpus answered, to be answered again without their sources (the sampled
+    twins of greedy answers, say): each record's tokens up to its first trained reply, read back into
+    messages, under the record's own id, so `--skip-packed` and a twin folder line up with it. Earlier
+    replies inside that prompt (a later turn's context) stay context when packed (`context_replies`).
+    `limit` keeps a seeded random subset of the records, as for other sources."""
+    from .chat import messages_from_prompt, template_markers
+    from .corpus import iter_packed
+
+    if limit is not None and limit < 1:
+        raise AnchorspecError(f"limit (--limit-per-source) must be >= 1, got {limit}")
+    prompts, out = [], CorpusPrompts([])
+    for pid, tokens, loss in iter_packed(folder):
+        answered = first_answer(tokens, loss)
+        if answered is None:
+            out.no_answer += 1
+        else:
+            prompts.append((pid, tokens[: answered[1]]))
+    if limit is not None and limit < len(prompts):
+        keep = set(random.Random(seed).sample(range(len(prompts)), limit))
+        prompts = [p for k, p in enumerate(prompts) if k in keep]  # in corpus order
+    markers = template_markers(tokenizer)
+    for pid, ids in prompts:
+        messages = messages_from_prompt(tokenizer, ids, markers) if markers else None
+        if messages is None:
+            out.unreadable += 1
+            continue
+        replies = sum(m["role"] == "assistant" for m in messages)
+        out.items.append(PromptItem(pid, messages, context_replies=replies))
+    if not out.items:
+        raise AnchorspecError(f"{folder}: none of its {len(prompts)} prompts reads back with this target's chat "
+                              f"template (a corpus made for another target?)")
+    return out
+
+
 def unique_prompts(items: list[PromptItem], answered_ids=frozenset()) -> tuple[list[PromptItem], int]:
     """`items` less those whose user turns (normalised, as `pack-corpus` compares them:
     decontaminate.dedupe_key) repeat an earlier item's or an answered item's (id in `answered_ids`),
