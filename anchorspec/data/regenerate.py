@@ -72,6 +72,7 @@ class PromptItem:
     messages: list[dict]  # the conversation up to (not including) the reply to generate
     later_turns: tuple[str, ...] = ()  # the user's next turns, answered in order (`turns="all"`)
     context_replies: int = 0  # leading assistant replies that are context, not training targets (`turns="later"`)
+    prompt_ids: tuple[int, ...] | None = None  # the messages' encoding when known already (read from a corpus)
 
 
 TURNS = ("first", "all")
@@ -247,7 +248,7 @@ def corpus_prompt_items(folder, tokenizer, limit: int | None = None, seed: int =
             out.unreadable += 1
             continue
         replies = sum(m["role"] == "assistant" for m in messages)
-        out.items.append(PromptItem(pid, messages, context_replies=replies))
+        out.items.append(PromptItem(pid, messages, context_replies=replies, prompt_ids=tuple(ids)))
     if not out.items:
         raise AnchorspecError(f"{folder}: none of its {len(prompts)} prompts reads back with this target's chat "
                               f"template (a corpus made for another target?)")
@@ -490,7 +491,7 @@ def regenerate(target, items: list[PromptItem], out_path, *, max_new_tokens: int
 
         requests, too_long = [], 0
         for it in todo:
-            ids = prompt_ids(tokenizer, it.messages)
+            ids = list(it.prompt_ids) if it.prompt_ids is not None else prompt_ids(tokenizer, it.messages)
             if fits(ids):
                 requests.append(AnswerRequest(_Turn(it, it.messages, 0, 0), ids, prompt_seed(seed, it.id)))
             else:
@@ -645,7 +646,8 @@ def regenerate_endpoint(endpoint: str, items: list[PromptItem], out_path, *, con
     model = model or served_model(base, api_key)
     with RecordWriter(out_path, flush_every=concurrency) as writer:
         todo = [it for it in items if it.id not in writer.done]
-        send = [it for it in todo if tokenizer is None or len(prompt_ids(tokenizer, it.messages)) <= max_prompt_tokens]
+        send = [it for it in todo if tokenizer is None or len(it.prompt_ids if it.prompt_ids is not None
+                                                              else prompt_ids(tokenizer, it.messages)) <= max_prompt_tokens]
         new_tokens, t0 = 0, time.perf_counter()
         bar = _progress(len(send), progress)
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regenerate")
