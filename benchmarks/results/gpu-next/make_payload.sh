@@ -24,5 +24,5 @@ rm -rf .dev[0-9]*; X=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirna
 grep -qsx '/.dev\*/' "$X" || echo '/.dev*/' >> "$X"
 split -b "$CHUNK" -d -a 1 "$W/payload.tar.xz" "$W/payload.tar.xz."
 n=0; for c in "$W"/payload.tar.xz.*; do n=$((n + 1)); mkdir -p .dev$n; mv "$c" .dev$n/; done
-cp $HERE/go.sh $HERE/train_gpu.sh $HERE/device_tests.sh benchmarks/results/gpu-s40/device_pack.py .dev$n/
+cp $HERE/go.sh $HERE/train_gpu.sh benchmarks/results/gpu-s42/device_tests.sh benchmarks/results/gpu-s40/device_pack.py .dev$n/
 du -sh .dev*; echo "calls: 1..$((n - 1)) copy into /root/stage; call $n: BUDGET=420 bash .dev$n/go.sh"
