@@ -934,7 +934,8 @@ def test_cli_regenerates_a_corpus_s_prompts(capsys, rt_corpus, rt_target_dir, tm
 
 
 def test_prompt_ids_equal_apply_chat_template(target, items, rt_corpus):
-    """chat.prompt_ids renders and encodes itself (10x faster); it must give apply_chat_template's ids."""
+    """chat.prompt_ids renders and encodes itself (the two steps messages_from_prompt checks with); it must
+    give apply_chat_template's ids."""
     from anchorspec.data.chat import prompt_ids as encode
 
     rt_target, rt_items, _, _ = rt_corpus

@@ -74,6 +74,10 @@ class PromptItem:
     context_replies: int = 0  # leading assistant replies that are context, not training targets (`turns="later"`)
     prompt_ids: tuple[int, ...] | None = None  # the messages' encoding when known already (read from a corpus)
 
+    def encoded(self, tokenizer) -> list[int]:
+        """The prompt's token ids: as read from a corpus, else the messages through the chat template."""
+        return list(self.prompt_ids) if self.prompt_ids is not None else prompt_ids(tokenizer, self.messages)
+
 
 TURNS = ("first", "all")
 
@@ -491,7 +495,7 @@ def regenerate(target, items: list[PromptItem], out_path, *, max_new_tokens: int
 
         requests, too_long = [], 0
         for it in todo:
-            ids = list(it.prompt_ids) if it.prompt_ids is not None else prompt_ids(tokenizer, it.messages)
+            ids = it.encoded(tokenizer)
             if fits(ids):
                 requests.append(AnswerRequest(_Turn(it, it.messages, 0, 0), ids, prompt_seed(seed, it.id)))
             else:
@@ -646,8 +650,7 @@ def regenerate_endpoint(endpoint: str, items: list[PromptItem], out_path, *, con
     model = model or served_model(base, api_key)
     with RecordWriter(out_path, flush_every=concurrency) as writer:
         todo = [it for it in items if it.id not in writer.done]
-        send = [it for it in todo if tokenizer is None or len(it.prompt_ids if it.prompt_ids is not None
-                                                              else prompt_ids(tokenizer, it.messages)) <= max_prompt_tokens]
+        send = [it for it in todo if tokenizer is None or len(it.encoded(tokenizer)) <= max_prompt_tokens]
         new_tokens, t0 = 0, time.perf_counter()
         bar = _progress(len(send), progress)
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regenerate")
