@@ -11,8 +11,11 @@ from transformers import AutoConfig
 from anchorspec import cli
 from anchorspec.api import DEFAULT_TREE
 from anchorspec.bench import BenchSpec, run_bench
+from anchorspec.bench.job import describe_shape
 from anchorspec.bench.report import markdown, summarize
 from anchorspec.bench.workloads import LONG_SIZES, Prompt, encode, expand_workloads, load_workload
+from anchorspec.decode.fallback import MAX_CHAIN, TREE_CANDIDATES
+from anchorspec.decode.tree import TreeShape
 from anchorspec.errors import AnchorspecError
 from anchorspec.metrics import GenerationStats
 from anchorspec.models.drafter import init_drafter, save_drafter
@@ -153,16 +156,18 @@ def test_sampled_runs_are_seeded_per_prompt(bench, dirs, tmp_path):
     assert again["methods"] == ["hf", "hf_lookup", "vanilla", "d3", "d31"]
 
 
-def test_default_shape_is_the_measured_chain_generate_would_choose(dirs, tmp_path):
-    """No --chain/--tree: each drafter drafts through generate's Engine with the chain its measured
-    costs favour (recorded as such), and greedy output stays the baseline's."""
+def test_default_shape_is_the_measured_one_generate_would_choose(dirs, tmp_path):
+    """No --chain/--tree: each drafter drafts through generate's Engine with the shape its measured
+    costs favour (recorded as such), and greedy output stays the baseline's. Which candidate wins
+    depends on this machine's timings (under load the tree did), so the test asks only that it is one
+    choose_shape prices."""
     summary = run_bench(spec(dirs, tmp_path / "m", workloads="gsm8k", temperatures=(0.0,), shape=None,
                              baselines=("hf",)))
     shapes = summary["environment"]["drafter_shapes"]
     assert set(shapes) == {"d3", "d31"}
+    priced = {describe_shape(s) for s in [TreeShape.chain(d) for d in range(1, MAX_CHAIN + 1)] + list(TREE_CANDIDATES)}
     for text in shapes.values():
-        top_k, depth, total = map(int, text.split(" ")[0].split(","))
-        assert (top_k, total) == (1, depth + 1) and "measured" in text, text  # a chain: one token per level
+        assert text.split(" ")[0] in priced and "(measured" in text, text
     records = [json.loads(line) for line in (tmp_path / "m" / "records.jsonl").read_text().splitlines()[1:]]
     assert records and all(r["identical_to_baseline"] for r in records)
 
