@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=80, help="number of prompts (80 = all MT-bench first turns)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chain", type=int, default=3, help="draft length for llama.cpp, vLLM and the chain row")
+    p.add_argument("--p-min", type=float, default=0.0,
+                   help="llama.cpp's --spec-draft-p-min: stop a draft where the drafter's top token is less likely "
+                        "(0, llama.cpp's default: always draft --chain tokens)")
     p.add_argument("--threads", type=int, default=1, help="threads for every engine")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out: hf,anchorspec,fast,llamacpp,vllm "
                    "(fast: anchorspec's auto-dtype rows, eager and compiled)")
@@ -242,11 +245,12 @@ def llamacpp_plain(target: Path, prompt: str, args, extra_tokens: int = 0) -> di
 
 
 def llamacpp_eagle3(target: Path, draft: Path, prompt: str, args) -> dict:
-    """llama-speculative-simple with our draft GGUF at T=0, a chain of --chain drafts every step."""
+    """llama-speculative-simple with our draft GGUF at T=0, a chain of up to --chain drafts every step (shorter
+    where the drafter's top token is less likely than --p-min)."""
     proc = _run([str(llamacpp_binary("llama-speculative-simple")), "-m", str(target), "-p", prompt,
                  "-n", str(args.max_new_tokens), "--temp", "0", "-t", str(args.threads), "-td", str(args.threads),
                  "-c", "4096", "-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
-                 str(args.chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"], target)
+                 str(args.chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min)], target)
     log, echoed = proc.stderr, "\n\n" + prompt  # the prompt is echoed before the continuation
     text = proc.stdout[len(echoed):] if proc.stdout.startswith(echoed) else proc.stdout
     new = _number(r"decoded\s+(\d+) tokens in", log, int) or 0
@@ -274,7 +278,8 @@ def run_llamacpp(args, prompts, engine, workdir: Path) -> list[dict]:
     rows = []
     for label, target in (("Q4_1 as shipped", shipped), ("F32 copy", float32_alias_gguf(args.target))):
         plain = new_row(f"llama.cpp plain, {label}", "llama.cpp", label)
-        spec = new_row(f"llama.cpp + our EAGLE-3 GGUF, chain {args.chain}, {label}", "llama.cpp", label)
+        p_min = f", p-min {args.p_min:g}" if args.p_min else ""
+        spec = new_row(f"llama.cpp + our EAGLE-3 GGUF, chain {args.chain}{p_min}, {label}", "llama.cpp", label)
         for text in tqdm(texts, desc=f"llama.cpp {label}", file=sys.stderr):
             # plain runs a few tokens longer: the speculative loop may overshoot -n by its last accepted drafts
             for row, r in ((plain, llamacpp_plain(target, text, args, extra_tokens=args.chain + 1)),

@@ -270,3 +270,19 @@ def test_hf_generate_refuses_the_projects_model_and_times_the_stock_one():
     stock.model.generation_config.eos_token_id = 2  # a tiny random model has no stop token of its own
     out = hf_generate(Engine(stock), [1, 2, 3], 4)
     assert 1 <= len(out) <= 4
+
+
+@pytest.mark.parametrize("p_min", [None, "0.75"])
+def test_llamacpp_drafts_with_the_p_min_asked_for(monkeypatch, p_min):
+    """--p-min reaches llama.cpp's own early stop (0, its default, unless asked) and names the row's drafting;
+    the counts come back from llama.cpp's log."""
+    seen = []
+    log = "decoded   12 tokens in 0.5 seconds\nn_drafted = 9\nn_accept  = 5\n"
+    proc = type("P", (), {"stdout": "\n\nprompt continued", "stderr": log, "returncode": 0})()
+    monkeypatch.setattr(peers, "llamacpp_binary", lambda name: Path("/bin") / name)
+    monkeypatch.setattr(peers, "_run", lambda argv, target: seen.append(argv) or proc)
+    args = peers.parse_args(["--out", "x"] + (["--p-min", p_min] if p_min else []))
+    r = peers.llamacpp_eagle3(Path("t.gguf"), Path("d.gguf"), "prompt", args)
+    argv = seen[0]
+    assert argv[argv.index("--spec-draft-p-min") + 1] == str(float(p_min or 0))
+    assert (r["text"], r["new_tokens"], r["drafted"], r["accepted"], r["steps"]) == (" continued", 12, 9, 5, 7)
