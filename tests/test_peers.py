@@ -274,8 +274,8 @@ def test_hf_generate_refuses_the_projects_model_and_times_the_stock_one():
 
 @pytest.mark.parametrize("p_min", [None, "0.75"])
 def test_llamacpp_drafts_with_the_p_min_asked_for(monkeypatch, p_min):
-    """--p-min reaches llama.cpp's own early stop (0, its default, unless asked) and names the row's drafting;
-    the counts come back from llama.cpp's log."""
+    """--p-min reaches llama.cpp's own early stop (0, its default, unless asked); the counts come back from
+    llama.cpp's log."""
     seen = []
     log = "decoded   12 tokens in 0.5 seconds\nn_drafted = 9\nn_accept  = 5\n"
     proc = type("P", (), {"stdout": "\n\nprompt continued", "stderr": log, "returncode": 0})()
