@@ -1,6 +1,7 @@
 """benchmarks/recipe_ablations.py and endpoint_agreement.py: an arm changes exactly its own flags on
 top of the base recipe, one arm is trained by one process at a time (a killed owner's lock is taken
-over), and endpoint_agreement's agreed prefix counts the tokens before the first difference."""
+over), endpoint_agreement's agreed prefix counts the tokens before the first difference, and cpu_round.sh
+trains with flags the CLI accepts and refuses a round that is not there."""
 
 import os
 import sys
@@ -97,3 +98,35 @@ def test_drafter_specs_are_named_or_take_their_folders_name():
     specs = ["r11=checkpoints/a-eagle3.1", "runs/r13/final", "odd=dir=with=equals"]
     assert named_drafters(specs) == [("r11", "checkpoints/a-eagle3.1"), ("final", "runs/r13/final"),
                                      ("odd", "dir=with=equals")]
+
+
+CPU_ROUND = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu_round.sh"
+
+
+def test_cpu_round_trains_with_flags_the_cli_accepts(tmp_path):
+    """The script's train command, echoed instead of run, parses with anchorspec's own parser: a renamed
+    or removed flag fails here, not an hour into a session."""
+    import subprocess
+
+    from anchorspec import cli
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "anchorspec").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (shim / "anchorspec").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "ANCHORSPEC_HOME": str(tmp_path / "home")}
+    out = subprocess.run(["bash", str(CPU_ROUND), "train", "12", "--resume"], env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    args = cli.build_parser().parse_args(out)
+    assert out[0] == "train" and args.order_seed == 12 and args.resume
+    assert args.out == str(tmp_path / "home" / "runs" / "smollm2-135m-instruct" / "eagle3-r12")
+
+
+@pytest.mark.parametrize("mode, needs", [("eval", "train round 7 first"), ("release", "run eval 7 first")])
+def test_cpu_round_refuses_a_missing_round_in_one_line(tmp_path, mode, needs):
+    import subprocess
+
+    env = {**os.environ, "ANCHORSPEC_HOME": str(tmp_path), "TAU": "2.0"}
+    got = subprocess.run(["bash", str(CPU_ROUND), mode, "7"], env=env, capture_output=True, text=True)
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.count("\n") == 1 and needs in got.stderr

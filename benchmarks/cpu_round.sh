@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One CPU training round of the EAGLE-3 variant, from training to release (what sessions 50-54 did by hand).
+#   bash benchmarks/cpu_round.sh train N [--resume]   continue the release for STEPS (1800) steps on the whole corpus
+#                                                     in a batch order of its own (--order-seed N); resumable
+#   bash benchmarks/cpu_round.sh eval N               round N (final, converted to bf16 as it would ship) against the
+#                                                     release on MT-bench 1-10 (float32, tree 4,4,16, T=0 and T=1),
+#                                                     then llama.cpp with round N's GGUF (SKIP_PEERS=1 skips it)
+#   bash benchmarks/cpu_round.sh release N            copy round N into checkpoints/ and add its scaling point
+#                                                     (TAU=<its T=0 tau from eval>); the model card is edited by hand
+# RUN (default $ANCHORSPEC_HOME/runs/smollm2-135m-instruct/eagle3-rN) holds the run; results go to OUT
+# (default benchmarks/results/eagle3-rN). Run it on a quiet machine: tests and benchmarks beside training distort both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:?usage: cpu_round.sh train|eval|release ROUND [train options]}
+N=${2:?usage: cpu_round.sh train|eval|release ROUND [train options]}
+shift 2
+HOME_DIR=${ANCHORSPEC_HOME:-$HOME/.cache/anchorspec}
+RUN=${RUN:-$HOME_DIR/runs/smollm2-135m-instruct/eagle3-r$N}
+OUT=${OUT:-benchmarks/results/eagle3-r$N}
+RELEASE=checkpoints/smollm2-135m-instruct-eagle3
+SHIPPED=$RUN/../eagle3-r$N-bf16
+case $MODE in
+train)
+  anchorspec train --target smollm2-135m-instruct --data corpus/smollm2-135m-instruct --variant eagle3 \
+    --init-from $RELEASE --revocab --order-seed "$N" \
+    --max-steps "${STEPS:-1800}" --lr 3e-4 --warmup-ratio 0.03 --ttt-steps 4 --batch-tokens 2048 --max-len 1024 \
+    --dtype bfloat16 --threads 2 --heldout 0.02 --eval-every 100000 --eval-heldout 256 --eval-replay 16 \
+    --eval-prompts 4 --eval-new-tokens 64 --save-every 100 --out "$RUN" "$@" ;;
+eval)
+  [ -f "$RUN/final/model.safetensors" ] || { echo "cpu_round.sh: $RUN/final is missing: train round $N first" >&2; exit 2; }
+  anchorspec convert-drafter "$RUN/final" --out "$SHIPPED" --dtype bfloat16
+  mkdir -p "$OUT"
+  rm -f "$HOME_DIR"/shapes/*   # the shape cache must not carry costs measured under other load
+  python benchmarks/bench_drafters.py --drafter eagle3-release=$RELEASE --drafter eagle3-r$N="$SHIPPED" \
+    --limit 10 --dtype float32 --shape 4,4,16 --temperature1 --threads 2 --out "$OUT/mtbench10-fp32-tree4416.json"
+  [ -n "${SKIP_PEERS:-}" ] || python benchmarks/peers.py --limit 10 --threads 2 --skip hf,fast,vllm \
+    --drafter "$SHIPPED" --out "$OUT/peers" ;;
+release)
+  : "${TAU:?set TAU to the MT-bench 1-10 T=0 tau of round $N from eval}"
+  [ -f "$SHIPPED/model.safetensors" ] || { echo "cpu_round.sh: $SHIPPED is missing: run eval $N first" >&2; exit 2; }
+  cp "$SHIPPED/model.safetensors" "$SHIPPED/config.json" "$RUN/run.json" "$RUN/training.png" $RELEASE/
+  cp "$RUN/best/best.json" $RELEASE/best.json
+  # token-steps of this round: the run's own seconds x tokens/s; the cumulative count adds the last scaling point's
+  TOKENS=$(python - "$RUN/run.json" benchmarks/results/scaling/smollm2-135m-instruct.json "$N" <<'EOF'
+import json, sys
+summary = json.load(open(sys.argv[1]))["summary"]
+points = [p for p in json.load(open(sys.argv[2]))["points"] if p["variant"] == "eagle3" and p["round"] < int(sys.argv[3])]
+last = max(points, key=lambda p: p["round"])
+print(round(last["tokens"] + summary["train_seconds"] * summary["train_tokens_per_s"], -4))
+EOF
+)
+  REGEN=$(python -c "import json;print(round(json.load(open('$RUN/run.json'))['data']['loss_tokens'], -4))")
+  python benchmarks/scaling_curve.py --add "$N" eagle3 "${TOKENS%.*}" "$REGEN" "$TAU"
+  echo "round $N in $RELEASE: $TOKENS token-steps in all; now edit $RELEASE/README.md" ;;
+*) echo "cpu_round.sh: unknown mode '$MODE' (train, eval or release)" >&2; exit 2 ;;
+esac
