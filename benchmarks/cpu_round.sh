@@ -3,8 +3,9 @@
 #   bash benchmarks/cpu_round.sh train N [--resume]   continue the release for STEPS (1800) steps on the whole corpus
 #                                                     in a batch order of its own (--order-seed N); resumable
 #   bash benchmarks/cpu_round.sh eval N               round N (final, converted to bf16 as it would ship) against the
-#                                                     release on MT-bench 1-10 (float32, tree 4,4,16, T=0 and T=1),
-#                                                     then llama.cpp with round N's GGUF (SKIP_PEERS=1 skips it)
+#                                                     release on MT-bench 1-10 and on 16 prompts of the other
+#                                                     categories (float32, tree 4,4,16, T=0 and T=1), then
+#                                                     llama.cpp with round N's GGUF (SKIP_PEERS=1 skips it)
 #   bash benchmarks/cpu_round.sh release N            copy round N into checkpoints/ and add its scaling point
 #                                                     (TAU=<its T=0 tau from eval>); the model card is edited by hand
 # RUN (default $ANCHORSPEC_HOME/runs/smollm2-135m-instruct/eagle3-rN) holds the run; results go to OUT
@@ -33,6 +34,10 @@ eval)
   rm -f "$HOME_DIR"/shapes/*   # the shape cache must not carry costs measured under other load
   python benchmarks/bench_drafters.py --drafter eagle3-release=$RELEASE --drafter eagle3-r$N="$SHIPPED" \
     --limit 10 --dtype float32 --shape 4,4,16 --temperature1 --threads 2 --out "$OUT/mtbench10-fp32-tree4416.json"
+  # MT-bench 1-10 are all writing: round 12 was level there and gained on the other seven categories (session 54)
+  python benchmarks/bench_drafters.py --drafter eagle3-release=$RELEASE --drafter eagle3-r$N="$SHIPPED" \
+    --limit 16 --every 4 --offset 12 --dtype float32 --shape 4,4,16 --temperature1 --threads 2 \
+    --out "$OUT/mtbench16-every4-offset12-fp32-tree4416.json"
   [ -n "${SKIP_PEERS:-}" ] || python benchmarks/peers.py --limit 10 --threads 2 --skip hf,fast,vllm \
     --drafter "$SHIPPED" --out "$OUT/peers" ;;
 release)
