@@ -45,17 +45,19 @@ release)
   [ -f "$SHIPPED/model.safetensors" ] || { echo "cpu_round.sh: $SHIPPED is missing: run eval $N first" >&2; exit 2; }
   cp "$SHIPPED/model.safetensors" "$SHIPPED/config.json" "$RUN/run.json" "$RUN/training.png" $RELEASE/
   cp "$RUN/best/best.json" $RELEASE/best.json
-  # token-steps of this round: the run's own seconds x tokens/s; the cumulative count adds the last scaling point's
-  TOKENS=$(python - "$RUN/run.json" benchmarks/results/scaling/smollm2-135m-instruct.json "$N" <<'EOF'
+  # cumulative token-steps: the last earlier scaling point's plus this run's own (seconds x tokens/s); and the
+  # assistant tokens of the data it trained on (the curve's "regenerated" column), both from one read of run.json
+  COUNTS=$(python - "$RUN/run.json" benchmarks/results/scaling/smollm2-135m-instruct.json "$N" <<'EOF'
 import json, sys
-summary = json.load(open(sys.argv[1]))["summary"]
+run = json.load(open(sys.argv[1]))
 points = [p for p in json.load(open(sys.argv[2]))["points"] if p["variant"] == "eagle3" and p["round"] < int(sys.argv[3])]
 last = max(points, key=lambda p: p["round"])
-print(round(last["tokens"] + summary["train_seconds"] * summary["train_tokens_per_s"], -4))
+steps = run["summary"]["train_seconds"] * run["summary"]["train_tokens_per_s"]
+print(int(round(last["tokens"] + steps, -4)), int(round(run["data"]["loss_tokens"], -4)))
 EOF
 )
-  REGEN=$(python -c "import json;print(round(json.load(open('$RUN/run.json'))['data']['loss_tokens'], -4))")
-  python benchmarks/scaling_curve.py --add "$N" eagle3 "${TOKENS%.*}" "$REGEN" "$TAU"
+  read -r TOKENS REGEN <<< "$COUNTS"
+  python benchmarks/scaling_curve.py --add "$N" eagle3 "$TOKENS" "$REGEN" "$TAU"
   echo "round $N in $RELEASE: $TOKENS token-steps in all; now edit $RELEASE/README.md" ;;
 *) echo "cpu_round.sh: unknown mode '$MODE' (train, eval or release)" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ over), endpoint_agreement's agreed prefix counts the tokens before the first dif
 trains with flags the CLI accepts and refuses a round that is not there."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,8 +107,6 @@ CPU_ROUND = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu_round.s
 def test_cpu_round_trains_with_flags_the_cli_accepts(tmp_path):
     """The script's train command, echoed instead of run, parses with anchorspec's own parser: a renamed
     or removed flag fails here, not an hour into a session."""
-    import subprocess
-
     from anchorspec import cli
 
     shim = tmp_path / "bin"
@@ -124,8 +123,6 @@ def test_cpu_round_trains_with_flags_the_cli_accepts(tmp_path):
 
 @pytest.mark.parametrize("mode, needs", [("eval", "train round 7 first"), ("release", "run eval 7 first")])
 def test_cpu_round_refuses_a_missing_round_in_one_line(tmp_path, mode, needs):
-    import subprocess
-
     env = {**os.environ, "ANCHORSPEC_HOME": str(tmp_path), "TAU": "2.0"}
     got = subprocess.run(["bash", str(CPU_ROUND), mode, "7"], env=env, capture_output=True, text=True)
     assert got.returncode == 2 and got.stdout == ""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 53: the EAGLE-3 variant's round 11 on this CPU: round 10 (the release) continued on the whole corpus,
 # parts 0000-0031, in a batch order of its own (--order-seed 11); everything else as round 10. Resumable (--resume).
-# The next round is the same command on the new release: ORDER_SEED=12 RUN=.../round-s54/eagle3 bash train_r11.sh --resume
+# Session 54 resumed round 12 with it (ORDER_SEED=12 RUN=.../round-s54/eagle3 ... --resume); later rounds: benchmarks/cpu_round.sh
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 RUN=${RUN:-$HOME/.cache/anchorspec/runs/smollm2-135m-instruct/round-s53/eagle3}
