@@ -8,6 +8,7 @@
 #                                                     llama.cpp with round N's GGUF (SKIP_PEERS=1 skips it)
 #   bash benchmarks/cpu_round.sh release N            copy round N into checkpoints/ and add its scaling point
 #                                                     (TAU=<its T=0 tau from eval>); the model card is edited by hand
+# INIT (default: the release) is the drafter training starts from.
 # RUN (default $ANCHORSPEC_HOME/runs/smollm2-135m-instruct/eagle3-rN) holds the run; results go to OUT
 # (default benchmarks/results/eagle3-rN). Run it on a quiet machine: tests and benchmarks beside training distort both.
 set -euo pipefail
@@ -23,7 +24,7 @@ SHIPPED=$RUN/../eagle3-r$N-bf16
 case $MODE in
 train)
   anchorspec train --target smollm2-135m-instruct --data corpus/smollm2-135m-instruct --variant eagle3 \
-    --init-from $RELEASE --revocab --order-seed "$N" \
+    --init-from "${INIT:-$RELEASE}" --revocab --order-seed "$N" \
     --max-steps "${STEPS:-1800}" --lr 3e-4 --warmup-ratio 0.03 --ttt-steps 4 --batch-tokens 2048 --max-len 1024 \
     --dtype bfloat16 --threads 2 --heldout 0.02 --eval-every 100000 --eval-heldout 256 --eval-replay 16 \
     --eval-prompts 4 --eval-new-tokens 64 --save-every 100 --out "$RUN" "$@" ;;

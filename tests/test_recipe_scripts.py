@@ -119,6 +119,10 @@ def test_cpu_round_trains_with_flags_the_cli_accepts(tmp_path):
     args = cli.build_parser().parse_args(out)
     assert out[0] == "train" and args.order_seed == 12 and args.resume
     assert args.out == str(tmp_path / "home" / "runs" / "smollm2-135m-instruct" / "eagle3-r12")
+    assert args.init_from == "checkpoints/smollm2-135m-instruct-eagle3"  # the release, unless INIT says otherwise
+    out = subprocess.run(["bash", str(CPU_ROUND), "train", "12"], env={**env, "INIT": str(tmp_path / "fold")},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert cli.build_parser().parse_args(out).init_from == str(tmp_path / "fold")
 
 
 @pytest.mark.parametrize("mode, needs", [("eval", "train round 7 first"), ("release", "run eval 7 first")])
