@@ -8,7 +8,8 @@
 #                                                     llama.cpp with round N's GGUF (SKIP_PEERS=1 skips it)
 #   bash benchmarks/cpu_round.sh release N            copy round N into checkpoints/ and add its scaling point
 #                                                     (TAU=<its T=0 tau from eval>); the model card is edited by hand
-# INIT (default: the release) is the drafter training starts from.
+# INIT (default: the release) is the drafter training starts from; a round from another start (session 55: a fold
+# of the EAGLE-3.1 release) gives release mode BASE_TOKENS, that start's cumulative token-steps.
 # RUN (default $ANCHORSPEC_HOME/runs/smollm2-135m-instruct/eagle3-rN) holds the run; results go to OUT
 # (default benchmarks/results/eagle3-rN). Run it on a quiet machine: tests and benchmarks beside training distort both.
 set -euo pipefail
@@ -48,13 +49,13 @@ release)
   cp "$RUN/best/best.json" $RELEASE/best.json
   # cumulative token-steps: the last earlier scaling point's plus this run's own (seconds x tokens/s); and the
   # assistant tokens of the data it trained on (the curve's "regenerated" column), both from one read of run.json
-  COUNTS=$(python - "$RUN/run.json" benchmarks/results/scaling/smollm2-135m-instruct.json "$N" <<'EOF'
+  COUNTS=$(python - "$RUN/run.json" benchmarks/results/scaling/smollm2-135m-instruct.json "$N" "${BASE_TOKENS:-}" <<'EOF'
 import json, sys
 run = json.load(open(sys.argv[1]))
 points = [p for p in json.load(open(sys.argv[2]))["points"] if p["variant"] == "eagle3" and p["round"] < int(sys.argv[3])]
-last = max(points, key=lambda p: p["round"])
+base = float(sys.argv[4]) if sys.argv[4] else max(points, key=lambda p: p["round"])["tokens"]
 steps = run["summary"]["train_seconds"] * run["summary"]["train_tokens_per_s"]
-print(int(round(last["tokens"] + steps, -4)), int(round(run["data"]["loss_tokens"], -4)))
+print(int(round(base + steps, -4)), int(round(run["data"]["loss_tokens"], -4)))
 EOF
 )
   read -r TOKENS REGEN <<< "$COUNTS"

@@ -22,9 +22,11 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from anchorspec.atomic import atomic_write_text
 from anchorspec.data.corpus import read_corpus
 from anchorspec.models.drafter import load_drafter, save_drafter
 from anchorspec.models.target import load_target
@@ -69,7 +71,8 @@ def main(argv=None) -> int:
     if d31.fc_norm is None:
         print(f"{a.drafter}: not an EAGLE-3.1 drafter (fc_norm off): nothing to fold", file=sys.stderr)
         return 2
-    target = load_target(a.target, dtype=torch.float32, aux_layer_ids=d31.config.eagle_aux_hidden_state_layer_ids, pack="off")
+    target = load_target(a.target, dtype=torch.float32, pack="off",
+                         aux_layer_ids=d31.config.eagle_aux_hidden_state_layer_ids)
     examples = read_corpus(a.data, vocab_size=target.model.config.vocab_size)
     train_idx, _held = split_heldout([e.input_ids for e in examples], 0.02, 0, minimum=2)
     pick = random.Random(0).sample(train_idx, a.fit + a.check)
@@ -117,7 +120,7 @@ def main(argv=None) -> int:
         d3.config.norm_output = False
     save_drafter(d3, a.out, dtype=torch.bfloat16)
     report["seconds"] = round(time.time() - t0, 1)
-    (__import__("pathlib").Path(a.out) / "fold.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(a.out) / "fold.json", json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return 0
 

@@ -30,7 +30,8 @@ def rows_with_rms(n: int, rms_per_chunk, width: int, seed: int) -> torch.Tensor:
     chunks = []
     for rms in rms_per_chunk:
         c = torch.randn(n, width, generator=g, dtype=torch.float64)
-        chunks.append(c / c.pow(2).mean(-1, keepdim=True).sqrt() * torch.as_tensor(rms, dtype=torch.float64).reshape(-1, 1))
+        scale = torch.as_tensor(rms, dtype=torch.float64).reshape(-1, 1)
+        chunks.append(c / c.pow(2).mean(-1, keepdim=True).sqrt() * scale)
     return torch.cat(chunks, dim=-1)
 
 
