@@ -44,13 +44,25 @@ def least_squares_fold(d31, x: torch.Tensor, ridge: float = 1e-6) -> torch.Tenso
     return torch.linalg.solve(gram + ridge * gram.diagonal().mean() * eye, x.T @ y).T
 
 
+def median_rms(d31, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each captured state's (chunk's) median RMS over the rows of x."""
+    return [c.double().pow(2).mean(-1).sqrt().median() for c in x.split(d31.config.target_hidden_size, dim=-1)]
+
+
 @torch.no_grad()
 def diagonal_fold(d31, x: torch.Tensor) -> torch.Tensor:
     """fc with each chunk's columns scaled by that chunk's norm weight over the chunk's median RMS in x."""
-    H = d31.config.target_hidden_size
-    scale = [norm.weight.double() / x[:, j * H:(j + 1) * H].double().pow(2).mean(-1).sqrt().median()
-             for j, norm in enumerate(d31.fc_norm)]
+    scale = [norm.weight.double() / rms for norm, rms in zip(d31.fc_norm, median_rms(d31, x))]
     return d31.fc.weight.double() * torch.cat(scale)[None, :]
+
+
+@torch.no_grad()
+def fold_error(d31, w: torch.Tensor, x: torch.Tensor) -> dict[str, float]:
+    """Relative error of the fused features x W^T against 3.1's, and their mean cosine (q/k/v read them through
+    hidden_norm, which sees only the direction; the residual sees the scale too)."""
+    y, y_hat = d31.project_features(x), x @ w.T
+    return {"rel_err": float((y_hat - y).norm() / y.norm()),
+            "cosine": float(torch.nn.functional.cosine_similarity(y_hat, y, dim=-1).mean())}
 
 
 def main(argv=None) -> int:
@@ -90,34 +102,23 @@ def main(argv=None) -> int:
 
     x_fit, _ = features(pick[: a.fit])
     x_chk, x_first = features(pick[a.fit:])
-    H = d31.config.target_hidden_size
+    w_ls, w_diag = least_squares_fold(d31, x_fit), diagonal_fold(d31, x_fit)
+    report = {
+        "drafter": a.drafter, "fit_positions": int(x_fit.shape[0]), "check_positions": int(x_chk.shape[0]),
+        "fold_error": {
+            name: {"fit": fold_error(d31, w, x_fit), "check": fold_error(d31, w, x_chk),
+                   "position0": fold_error(d31, w, x_first)}
+            for name, w in (("least_squares", w_ls), ("diagonal", w_diag))
+        },
+        "median_rms_per_chunk": [float(r) for r in median_rms(d31, x_fit)],
+    }
+    # the 3.1 drafter itself becomes the EAGLE-3 start: the fitted fc, no fc_norm, the raw state fed back
+    d3 = d31.to(torch.float32)
     with torch.no_grad():
-        w_ls = least_squares_fold(d31, x_fit)
-        w_diag = diagonal_fold(d31, x_fit)
-
-        def rel_err(w, x):
-            """Relative error of the fused features, and their mean cosine (q/k/v read them through
-            hidden_norm, which sees only the direction; the residual sees the scale too)."""
-            y, y_hat = d31.project_features(x), x @ w.T
-            return {"rel_err": float((y_hat - y).norm() / y.norm()),
-                    "cosine": float(torch.nn.functional.cosine_similarity(y_hat, y, dim=-1).mean())}
-
-        report = {
-            "drafter": a.drafter, "fit_positions": int(x_fit.shape[0]), "check_positions": int(x_chk.shape[0]),
-            "fold_error": {
-                "least_squares": {"fit": rel_err(w_ls, x_fit), "check": rel_err(w_ls, x_chk),
-                                  "position0": rel_err(w_ls, x_first)},
-                "diagonal": {"fit": rel_err(w_diag, x_fit), "check": rel_err(w_diag, x_chk),
-                             "position0": rel_err(w_diag, x_first)},
-            },
-            "median_rms_per_chunk": [float(x_fit[:, j * H:(j + 1) * H].pow(2).mean(-1).sqrt().median())
-                                     for j in range(len(d31.fc_norm))],
-        }
-        d3 = load_drafter(a.drafter, torch.float32)
         d3.fc.weight.copy_(w_ls.float())
-        d3.fc_norm = None
-        d3.config.fc_norm = False
-        d3.config.norm_output = False
+    d3.fc_norm = None
+    d3.config.fc_norm = False
+    d3.config.norm_output = False
     save_drafter(d3, a.out, dtype=torch.bfloat16)
     report["seconds"] = round(time.time() - t0, 1)
     atomic_write_text(Path(a.out) / "fold.json", json.dumps(report, indent=2) + "\n")
