@@ -119,6 +119,12 @@ def median(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def in_turns(methods: list, i: int) -> list:
+    """The methods in the order prompt `i` runs them: rotated by one more each prompt, so that the host's
+    speed drifting over a run hits every method alike."""
+    return methods[i % len(methods):] + methods[:i % len(methods)]
+
+
 def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)

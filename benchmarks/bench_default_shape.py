@@ -30,8 +30,8 @@ from anchorspec.decode.fallback import shape_key  # noqa: E402
 from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.models.target import stock_twin  # noqa: E402
-from bench_core import (drafter_parser, hf_generate, load_prompts, median, timed, warn_if_busy,  # noqa: E402
-                        write_results)
+from bench_core import (drafter_parser, hf_generate, in_turns, load_prompts, median, timed,  # noqa: E402
+                        warn_if_busy, write_results)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench" / "question.jsonl"
 
@@ -85,10 +85,9 @@ def main(argv=None) -> int:
           flush=True)
     chains_only_shape = None  # the chain that engine drafts with, kept unless another is clearly faster
     rows: dict[str, list[dict]] = {name: [] for name in methods}
-    names = list(methods)
     for i, prompt in enumerate(prompts):
         ids = default.encode(prompt["text"], chat=True)
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in in_turns(list(methods), i):
             eng, kwargs = methods[name]
             if name == "hf":
                 out, seconds = timed(hf_generate, eng, ids, args.max_new_tokens)

@@ -37,7 +37,8 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, REPO_ROOT, environment, hf_generate, load_prompts, timed, warn_if_busy  # noqa: E402
+from bench_core import (DEFAULT_DATA, REPO_ROOT, environment, hf_generate, in_turns, load_prompts, timed,  # noqa: E402
+                        warn_if_busy)
 
 from anchorspec import load  # noqa: E402
 from anchorspec.api import Engine  # noqa: E402
@@ -152,21 +153,30 @@ def run_torch(args, prompts, skip) -> tuple[list[dict], object]:
         chain = new_row(f"anchorspec --chain {args.chain}", "anchorspec", "float32")
         # the chain row speculates at every step (no fallback), as llama.cpp and vLLM do
         always = Engine(engine.target, engine.drafter, TreeShape.chain(args.chain), fallback=False)
-        runs = ((plain, engine, {"speculative": False}), (spec, engine, {}), (chain, always, {}))
-        for row, eng, kwargs in runs:
-            time_anchorspec(row, eng, encoded, args.max_new_tokens, kwargs)
+        time_anchorspec([(plain, engine, {"speculative": False}), (spec, engine, {}), (chain, always, {})],
+                         encoded, args.max_new_tokens)
         rows += [finish(plain, None), finish(spec, plain), finish(chain, plain)]
     if "fast" not in skip:
         rows += run_auto_dtype(args, encoded)
     return rows, engine
 
 
-def time_anchorspec(row: dict, engine, encoded: list, max_new_tokens: int, kwargs: dict) -> None:
-    """One anchorspec engine over every prompt into `row` (acceptance only where it speculates)."""
-    for ids in tqdm(encoded, desc=row["name"], file=sys.stderr):
-        c = engine.generate(ids, max_new_tokens=max_new_tokens, **kwargs)
-        acceptance = anchorspec_acceptance(c.stats) if kwargs.get("speculative", True) else {}
-        add_sample(row, c.stats.new_tokens, c.stats.total_s, c.token_ids, **acceptance)
+def time_anchorspec(runs: list[tuple[dict, object, dict]], encoded: list, max_new_tokens: int) -> None:
+    """anchorspec's rows (row, engine, generate's arguments) over every prompt, taking turns per prompt in an
+    order that rotates, so that the host's speed drifting over the minutes of a run hits every row alike
+    (until session 55 they ran one after the other, each row minutes apart from the plain row it is compared
+    with). Acceptance only where a row speculates; each row counts the graphs compiled while it was timed."""
+    from anchorspec.models.compiled import graphs_compiled
+
+    for row, _, _ in runs:
+        row.setdefault("graphs_compiled_while_timed", 0)
+    for i, ids in enumerate(tqdm(encoded, desc="anchorspec", file=sys.stderr)):
+        for row, engine, kwargs in in_turns(runs, i):
+            before = graphs_compiled()
+            c = engine.generate(ids, max_new_tokens=max_new_tokens, **kwargs)
+            row["graphs_compiled_while_timed"] += graphs_compiled() - before  # each took seconds: its row is slower
+            acceptance = anchorspec_acceptance(c.stats) if kwargs.get("speculative", True) else {}
+            add_sample(row, c.stats.new_tokens, c.stats.total_s, c.token_ids, **acceptance)
 
 
 def run_auto_dtype(args, encoded: list) -> list[dict]:
@@ -175,8 +185,6 @@ def run_auto_dtype(args, encoded: list) -> list[dict]:
 
     Each engine is warmed up (a short and a full-length generation per row), so compilation happens before
     the timed prompts, which measure steady state; the graphs compiled while timed are recorded (0 expected)."""
-    from anchorspec.models.compiled import graphs_compiled
-
     name = Path(args.fast_drafter).name
     rows = []
     for compile in (False, True):
@@ -189,10 +197,7 @@ def run_auto_dtype(args, encoded: list) -> list[dict]:
         for _, kwargs in runs:  # warm-up: every step shape a generation of this length meets
             engine.generate(encoded[0], max_new_tokens=16, **kwargs)
             engine.generate(encoded[-1], max_new_tokens=args.max_new_tokens, **kwargs)
-        for row, kwargs in runs:
-            warm = graphs_compiled()
-            time_anchorspec(row, engine, encoded, args.max_new_tokens, kwargs)
-            row["graphs_compiled_while_timed"] = graphs_compiled() - warm  # each took seconds: its row is slower
+        time_anchorspec([(row, engine, kwargs) for row, kwargs in runs], encoded, args.max_new_tokens)
         rows += [finish(plain, None), finish(spec, plain)]
         del engine
     return rows

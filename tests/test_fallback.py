@@ -33,7 +33,7 @@ SHAPES = [TreeShape.chain(3), TreeShape(3, 3, 8)]
 
 class FrozenCosts(StreamMonitor):
     """A monitor whose costs are given, not timed: decisions depend on acceptance only, so a test
-    is deterministic. Records the kind of every step it sees."""
+    is deterministic. Records the kind of every step it sees, and learns acceptance from them."""
 
     def __init__(self, plain=1.0, verify_per_token=0.0, draft_per_level=0.0, **kwargs):
         super().__init__(**kwargs)
@@ -44,8 +44,13 @@ class FrozenCosts(StreamMonitor):
         self.calibrated = True
         self.kinds: list[str] = []
 
-    def observe_step(self, kind, *args, **kwargs):
+    def observe_step(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None,
+                     top_depth=None, shape=None):
         self.kinds.append(kind)
+        shape = shape if shape is not None else self.shape
+        if kind == "speculative":
+            self.learn_acceptance(None if shape is None or shape.is_chain else shape, depth, accepted, top_ranked,
+                                  top_depth)
 
 
 def price_tree(m: StreamMonitor, seconds: float, shape: TreeShape = TreeShape(4, 4, 16), provisional: bool = False):
@@ -54,8 +59,11 @@ def price_tree(m: StreamMonitor, seconds: float, shape: TreeShape = TreeShape(4,
 
 
 def switching(**kwargs):
-    """Switches as often as possible: off after one step below tau*, a retry every other step."""
-    return FrozenCosts(window=1, min_steps=1, retry_after=1, max_retry_after=1, **kwargs)  # no probe backoff
+    """Switches as often as possible: off after one step below tau* (judged alone, not shrunk toward the
+    long-run tau), a retry every other step."""
+    m = FrozenCosts(window=1, min_steps=1, retry_after=1, max_retry_after=1, **kwargs)  # no probe backoff
+    m.prior_steps = 0
+    return m
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -233,12 +241,46 @@ def test_a_verify_measured_cheaper_than_a_plain_step_still_prices_at_one():
     assert noisy.speedup(TreeShape.chain(1)) == pytest.approx(1.5 / 1.03)  # the prior tau 1.5 over the floored cost
     state = noisy.start(TreeShape.chain(1))
     assert state.speculating
-    kinds = [noisy.record(state, "speculative", accepted=0) for _ in range(4)]
-    assert kinds[-1] == "off" and not state.speculating
+    for steps in range(1, 101):  # the window is judged shrunk toward the long-run tau, which each miss lowers
+        noisy.observe_step("speculative", 2, 1, 0, step_s=1.0, draft_s=0.03)
+        if noisy.record(state, "speculative", accepted=0) == "off":
+            break
+    assert not state.speculating and steps < 100  # below 1.03 after ~40 misses (0.03 lost per step until then)
     m = DriftMonitor()  # the round-based (server) monitor prices the same way
     m.observe_round(1, 1, 1.0)
     m.observe_round(1, 2, 0.9, 1, 0.05)
     assert m.threshold == pytest.approx(1.05)
+
+
+def test_a_window_is_judged_shrunk_toward_the_long_run_tau():
+    """A stream's window is judged as if PRIOR_STEPS more steps had come in at its shape's long-run tau: a
+    drafter that has paid all along (tau ~3 over 200 steps) rides out a run of 8 misses, which judged alone
+    (prior_steps 0, the rule before session 56: the negative control) switches it off; a drafter that has
+    never had a draft accepted still switches off after min_steps."""
+    def stream(prior_steps: int, history: int) -> tuple[FrozenCosts, object]:
+        m = FrozenCosts(plain=1.0, verify_per_token=0.15, draft_per_level=0.05)  # chain 3 breaks even at 1.6
+        m.prior_steps = prior_steps
+        state = m.start(TreeShape.chain(3))
+        assert m.threshold == pytest.approx(1.6) and state.speculating
+        for _ in range(history):
+            m.learn_acceptance(None, 3, 2)  # two of three drafted tokens accepted: tau 3
+        return m, state
+
+    def misses(m, state, n: int) -> list:
+        verdicts = []
+        for _ in range(n):
+            m.observe_step("speculative", 4, 3, 0, step_s=1.6, draft_s=0.15)
+            verdicts.append(m.record(state, "speculative", accepted=0))
+        return verdicts
+
+    m, state = stream(fallback_module.PRIOR_STEPS, history=200)
+    assert m.expected_shape_tau(TreeShape.chain(3)) > 2.8
+    assert misses(m, state, 8) == [None] * 8 and state.speculating
+    assert m.judged_tau(state) > 1.6 > statistics.fmean(state.window)
+    m, state = stream(0, history=200)
+    assert misses(m, state, 8)[-1] == "off"  # judged alone: off
+    m, state = stream(fallback_module.PRIOR_STEPS, history=0)
+    assert misses(m, state, 8) == [None] * 7 + ["off"]  # no history but misses: off after min_steps
 
 
 def test_acceptance_is_learned_from_verified_chains():

@@ -20,7 +20,8 @@ B is the row count of the latest round; W the width of the latest drafting round
 A fixed `threshold` overrides tau*.
 
 Per request: the rolling mean of the last `window` accepted lengths (accepted + 1, EAGLE's tau).
-Once at least `min_steps` are in the window and it falls below tau*, the request switches to
+Once at least `min_steps` are in the window and it falls below tau* (judged_tau: the mean plus one
+standard error; a stream's shrunk toward its long-run tau first, PRIOR_STEPS), the request switches to
 plain decoding; after `retry_after` plain tokens it is due to speculate again with an empty
 window, which it does at the next retry round (every `retry_after` rounds, all due requests
 together: see `start_round`).
@@ -312,12 +313,17 @@ class DriftMonitor:
         if kind == "speculative":
             state.window.append(accepted + 1)
             self.recent.append(accepted + 1)
-            if state.speculating and not self._pays(state.upper_tau(self.standard_errors), len(state.window)):
+            if state.speculating and not self._pays(self.judged_tau(state), len(state.window)):
                 self._switch_off(state)
                 return "off"
         if kind != "prefill" and not state.speculating:  # a step of a switched-off request (or one riding
             state.plain_left -= tokens  # along in a speculative round): at 0 or below it is due for a retry
         return None
+
+    def judged_tau(self, state: RequestState) -> float | None:
+        """The tau a speculating request's window is judged on (below tau* it switches off): its upper tau
+        (RequestState.upper_tau). StreamMonitor shrinks it toward the stream's long-run tau first."""
+        return state.upper_tau(self.standard_errors)
 
     def start_round(self, states: list[RequestState]) -> list[RequestState]:
         """Call once per scheduler round with the running requests' states; returns those that
@@ -466,6 +472,16 @@ COST_WINDOW = 9
 PACE_WINDOW = 8
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
 STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
+# A stream's window is judged shrunk toward its long-run tau, as if PRIOR_STEPS more steps had come in at the
+# tau its shape is expected to reach (expected_shape_tau: every verified draft of the process, and of earlier
+# ones where the costs are kept). A window's mean says less about the steps to come than it seems: on 60
+# AlpacaEval prompts (EAGLE-3 round 14, chain 3) the mean of the next 16 accepted lengths followed the last
+# 16's by 0.65 and the last 8's by 0.50, the rest regressing to the drafter's mean: weights n / (n + 8).
+# Judged raw, a tau-1.9 drafter switched off on short runs of misses: 385-1,049 tokens plain over those sets,
+# slower than speculating throughout; replayed offline over those prompts and MT-bench's 80 at float32's step costs, the shrunk window
+# ran at 1.33x plain against 1.30x, level with never switching off (1.34x / 1.33x); a drafter made to fit half
+# the prompts ran at 1.13-1.14x either way, and one that never fits at 0.99x (benchmarks/fallback_sim.py, s56).
+PRIOR_STEPS = 8
 
 
 def shape_key(shape: TreeShape) -> str:
@@ -506,6 +522,7 @@ class StreamMonitor(DriftMonitor):
         self.pace_samples: deque = deque(maxlen=PACE_WINDOW)  # the shape's recent steps' time over its unit cost
         self.unit: tuple[str, float] | None = None  # the shape that sets the pace, and its cost held fixed
         self.unit_steps: list[tuple[str, float]] = []  # a new shape's first steps (paced), measuring its unit
+        self.prior_steps = PRIOR_STEPS  # 0: a window judged on its own (the rule before session 56)
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
@@ -541,8 +558,14 @@ class StreamMonitor(DriftMonitor):
         self.verify.add(tokens, step_s - draft_s)
         if draft_curve is not None:
             draft_curve.add(depth, draft_s)
-        if tree:
-            key = shape_key(shape)
+        self.learn_acceptance(shape if tree else None, depth, accepted, top_ranked, top_depth)
+
+    def learn_acceptance(self, tree: TreeShape | None, depth: int, accepted: int, top_ranked: int | None = None,
+                         top_depth: int | None = None) -> None:
+        """What a verified draft says of acceptance: a chain of `depth` (`tree` None) accepted `accepted`
+        tokens; a tree's step also says what its top-1 chain had accepted (observe_step's arguments)."""
+        if tree is not None:
+            key = shape_key(tree)
             if top_ranked is None:
                 return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
             counts = self.trees.setdefault(key, [0, 0, 0])
@@ -556,6 +579,17 @@ class StreamMonitor(DriftMonitor):
         for d in range(1, depth + 1):
             self.reached[d - 1] += accepted >= d - 1
             self.accepted[d - 1] += accepted >= d
+
+    def judged_tau(self, state: RequestState) -> float | None:
+        """The window's mean shrunk toward the long-run tau of the stream's shape (PRIOR_STEPS' comment), plus
+        `standard_errors` of the window's own share: n / (n + prior_steps) of its standard error."""
+        n = len(state.window)
+        if not n or self.shape is None or not self.prior_steps:
+            return super().judged_tau(state)
+        weight = n / (n + self.prior_steps)
+        spread = statistics.stdev(state.window) if n > 1 else 0.0
+        return (weight * statistics.fmean(state.window) + (1 - weight) * self.expected_shape_tau(self.shape)
+                + self.standard_errors * weight * spread / n ** 0.5)
 
     def pace(self) -> float:
         """How much slower than its unit cost the stream's shape ran its last PACE_WINDOW steps (PACE_WINDOW's
