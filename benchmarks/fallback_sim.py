@@ -6,20 +6,24 @@ position i accepts min(A[i], d) tokens, A[i] being how many tokens of the depth-
 spell the target's own answer (and T[i] likewise for the 4,4,16 tree). So one pass over each answer (the
 target's greedy answer, its features in one forward, a draft at every position) gives every policy's
 steps: `--collect` writes those arrays. The costs are the stream monitor's own calibration on this machine
-(plain step, verify of N tokens, drafting a chain of d or the tree: medians of timed forwards), plus a
-catch-up (the drafter reading a plain stretch's features) measured the same way. Each policy is the real
+(plain step, verify of N tokens, drafting a chain of d or the tree: medians of timed forwards) and a catch-up
+(the drafter reading a plain stretch's features) of `--catch-up` plain steps; or, better, with `--step-costs`,
+real whole steps as fallback_trace.py measured them (the calibration's timed forwards leave out each step's
+bookkeeping: a chain of 3 cost 1.36 plain steps calibrated, 1.49 in real steps). Each policy is the real
 StreamMonitor (decode/fallback.py) driven through the same calls SpeculativeDecoding.run makes, over the
 prompts in order in one process, so what it learns carries from prompt to prompt as in `generate`.
 
     python benchmarks/fallback_sim.py --collect --drafter checkpoints/smollm2-135m-instruct-eagle3 \
-        --dtype float32 --threads 2 --data ../shared/data/alpaca_eval/... --limit 80 --out traces.json
-    python benchmarks/fallback_sim.py --traces traces.json [--policy NAME ...]
+        --dtype float32 --threads 2 [--data ../shared/data/eagle_eval/alpaca/question.jsonl] --limit 80 --out traces.json
+    python benchmarks/fallback_trace.py ... --fixed 1,1,2 --fixed 1,3,4 --fixed 4,4,16 --out steps.json
+    python benchmarks/fallback_sim.py --traces traces.json --step-costs steps.json [--policy NAME ...]
 
 Prints per policy the simulated tokens per plain-step time over the whole set (1.00 = the plain loop), its
 median per prompt, its slowest prompt, the plain tokens it spent and its switches; beside it an oracle that
 knows each prompt's outcome (per prompt the faster of plain and always speculating with the best fixed
-chain) and the same traces with every acceptance set to 0 (a drafter that never fits: the negative
-control, which must stay near 1.00).
+chain); then the same for the traces made to fit half the prompts (every other prompt loses 60 % of its
+drafts) and with every acceptance set to 0 (a drafter that never fits: the negative control, which must stay
+near 1.00).
 """
 
 from __future__ import annotations
