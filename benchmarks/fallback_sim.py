@@ -29,6 +29,7 @@ near 1.00).
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 import sys
@@ -105,7 +106,8 @@ class Clock:
     steps, each split into drafting and verifying in the calibration's proportions; chains not measured
     are interpolated by depth (extrapolated past the deepest)."""
 
-    def __init__(self, costs: dict, catch_up: float, steps: dict | None = None):
+    def __init__(self, costs: dict, catch_up: float, steps: dict | None = None, noise: float = 0.0, seed: int = 0):
+        self.noise, self.rng = noise, random.Random(seed)  # each step's time times a lognormal of this spread
         self.plain = costs["plain"]
         verify = {int(k): v for k, v in costs["verify"].items()}
         draft = {int(k): v for k, v in costs["draft"].items()}
@@ -137,7 +139,11 @@ class Clock:
         """(step seconds, of which drafting) of a `depth`-deep step of `shape`."""
         whole, share = (self.whole[depth], self.draft_share[depth]) if shape.is_chain else (self.tree, self.tree_share)
         extra = self.catch_up if caught_up else 0.0
-        return whole + extra, whole * share + extra
+        jitter = self.jitter()
+        return (whole + extra) * jitter, (whole * share + extra) * jitter
+
+    def jitter(self) -> float:
+        return math.exp(self.rng.gauss(0.0, self.noise)) if self.noise else 1.0
 
 
 def run_stream(monitor: StreamMonitor, traces: list[dict], clock: Clock, shape: TreeShape | None = None,
@@ -160,7 +166,7 @@ def run_stream(monitor: StreamMonitor, traces: list[dict], clock: Clock, shape: 
             explored = monitor.explore(stream_shape, trees) if shape is None and state.speculating else None
             step_shape = (explored or stream_shape).capped(budget - tokens - 1) if state.speculating else None
             if step_shape is None:
-                step_s, kind, accepted, depth, draft_s, drafted = clock.plain, "plain", 0, 0, 0.0, 0
+                step_s, kind, accepted, depth, draft_s, drafted = clock.plain * clock.jitter(), "plain", 0, 0, 0.0, 0
                 plain_tokens += 1
             else:
                 kind, depth = "speculative", step_shape.depth
@@ -205,6 +211,9 @@ POLICIES = {  # variants of the default monitor, for --policy
     "retry16": _monitor(retry_after=16),
     "retry64": _monitor(retry_after=64),
     "no-gate": _monitor(global_min_steps=10**9, global_window=10**9),
+    "margin0": _monitor(shape_margin=0.0),
+    "margin2": _monitor(shape_margin=0.02),
+    "margin10": _monitor(shape_margin=0.10),
 }
 
 
@@ -234,13 +243,15 @@ def main(argv=None) -> int:
                    help="a catch-up's extra cost, in plain steps (without --step-costs)")
     p.add_argument("--policy", action="append", default=[], choices=sorted(POLICIES),
                    help="also a variant of the default monitor (repeatable)")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="each step's time times exp(N(0, NOISE)): a host's step-to-step spread (0: exact costs)")
     p.add_argument("--step-costs", help="fallback_trace.py's JSON: its real steps' costs instead of the calibration's")
     args = p.parse_args(argv)
     if args.collect:
         return collect(args)
     data = json.loads(Path(args.traces).read_text())
     steps = json.loads(Path(args.step_costs).read_text())["step_costs"] if args.step_costs else None
-    clock = Clock(data["costs"], args.catch_up, steps)
+    clock = Clock(data["costs"], args.catch_up, steps, args.noise)
     traces = data["traces"]
     zero = [{**t, "chain": [0] * len(t["chain"]), "tree": [0] * len(t["tree"])} for t in traces]
     # a weaker drafter: on every other prompt (a workload it fits half the time), each draft rejected outright
