@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from anchorspec.atomic import atomic_write_text  # noqa: E402
 from anchorspec.decode.fallback import MAX_CHAIN, TREE_CANDIDATES, StreamMonitor  # noqa: E402
 from anchorspec.decode.shape import GREEDY, accepted_length  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
@@ -92,8 +93,8 @@ def collect(args) -> int:
         print(f"{i + 1}/{len(prompts)} chain-8 tau-ish {1 + statistics.fmean(min(a, 3) for a in traces[-1]['chain']):.2f}",
               flush=True)
     costs = measured_costs(engine)
-    Path(args.out).write_text(json.dumps({"drafter": args.drafter, "dtype": str(engine.target.dtype),
-                                          "threads": args.threads, "costs": costs, "traces": traces}) + "\n")
+    atomic_write_text(args.out, json.dumps({"drafter": args.drafter, "dtype": str(engine.target.dtype),
+                                       "threads": args.threads, "costs": costs, "traces": traces}) + "\n")
     print(f"wrote {args.out}")
     return 0
 
@@ -284,7 +285,7 @@ def main(argv=None) -> int:
             print(f"{name:18s} {s['total']:6.3f} {s['median']:7.3f} {s['min']:8.3f} {s['plain_tokens']:9d} "
                   f"{s['switches']:8d}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"costs": data["costs"], "catch_up": args.catch_up, "rows": rows}) + "\n")
+        atomic_write_text(args.out, json.dumps({"costs": data["costs"], "catch_up": args.catch_up, "rows": rows}) + "\n")
     return 0
 
 
