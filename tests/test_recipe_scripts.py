@@ -123,6 +123,19 @@ def test_cpu_round_trains_with_flags_the_cli_accepts(tmp_path):
     out = subprocess.run(["bash", str(CPU_ROUND), "train", "12"], env={**env, "INIT": str(tmp_path / "fold")},
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert cli.build_parser().parse_args(out).init_from == str(tmp_path / "fold")
+    # VARIANT picks the release a round continues and the run's name (session 57: an EAGLE-3.1 round)
+    out = subprocess.run(["bash", str(CPU_ROUND), "train", "19"], env={**env, "VARIANT": "eagle3.1"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    args = cli.build_parser().parse_args(out)
+    assert args.variant == "eagle3.1" and args.init_from == "checkpoints/smollm2-135m-instruct-eagle3.1"
+    assert args.out == str(tmp_path / "home" / "runs" / "smollm2-135m-instruct" / "eagle3.1-r19")
+
+
+def test_cpu_round_refuses_an_unknown_variant_in_one_line(tmp_path):
+    env = {**os.environ, "ANCHORSPEC_HOME": str(tmp_path), "VARIANT": "eagle4"}
+    got = subprocess.run(["bash", str(CPU_ROUND), "train", "7"], env=env, capture_output=True, text=True)
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.count("\n") == 1 and "eagle4" in got.stderr
 
 
 @pytest.mark.parametrize("mode, needs", [("eval", "train round 7 first"), ("release", "run eval 7 first")])
