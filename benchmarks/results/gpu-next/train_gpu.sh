@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Round 19 on one GPU, both variants from their releases (in $R/init-<variant>), side by side, on the same
+# The next round on one GPU (EAGLE-3.1 round N31, EAGLE-3 round N3: the numbers after each release's), both variants from their releases (in $R/init-<variant>), side by side, on the same
 # data (DATA: corpus folders, space-separated), batch order, seed and step count. A 10-step probe of one run
 # sizes the steps to the time left before DEADLINE (epoch seconds), with room for two runs and the data job
 # sharing the GPU. Run from the repository root. Env: DATA, RUNS, DEADLINE; DEVICE (cuda; cpu for a dry run), BATCH (tokens a step), LR,
-# PROBE (steps), HELDOUT (held-out conversations scored), SHARE (fraction of the probe's speed each run is assumed to keep), INITS (folder of init-*).
+# PROBE (steps), HELDOUT (held-out conversations scored), SHARE (fraction of the probe's speed each run is assumed to keep), INITS (folder of init-*),
+# N31 and N3 (round numbers: 20 and 17 after session 58, where the EAGLE-3.1 name r19 went to an unreleased CPU round).
 set -euo pipefail
 : "${DATA:?corpus folders}" "${RUNS:?output root}" "${DEADLINE:?epoch seconds}"
 DEVICE=${DEVICE:-cuda} BATCH=${BATCH:-32768} LR=${LR:-4e-4} PROBE=${PROBE:-10} SHARE=${SHARE:-0.55}
-INITS=${INITS:-/root/data} MAXLEN=${MAXLEN:-1024} HELDOUT=${HELDOUT:-256}
+N31=${N31:-20} N3=${N3:-17} INITS=${INITS:-/root/data} MAXLEN=${MAXLEN:-1024} HELDOUT=${HELDOUT:-256}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 train() {  # variant name steps eval-every log-every
   # shellcheck disable=SC2086  # DATA is a list of folders
@@ -31,7 +32,7 @@ PY
 left=$(( DEADLINE - $(date +%s) - 40 ))  # 40 s: loading, the step-0 and last held-out evaluations
 steps=$(python3 -c "print(max(20, int($left / $per * $SHARE)))")
 echo "probe: $(( $(date +%s) - t0 )) s; seconds/step alone: $per; $left s left -> $steps steps of $BATCH tokens, both variants"
-train eagle3.1 r19-eagle3.1 "$steps" $(( steps / 2 > 0 ? steps / 2 : 1 )) 10 > "$RUNS/r19-eagle3.1.log" 2>&1 & a=$!
-train eagle3 r19-eagle3 "$steps" $(( steps / 2 > 0 ? steps / 2 : 1 )) 10 > "$RUNS/r19-eagle3.log" 2>&1 & b=$!
-wait $a || tail -20 "$RUNS/r19-eagle3.1.log"; wait $b || tail -20 "$RUNS/r19-eagle3.log"
+train eagle3.1 r$N31-eagle3.1 "$steps" $(( steps / 2 > 0 ? steps / 2 : 1 )) 10 > "$RUNS/r$N31-eagle3.1.log" 2>&1 & a=$!
+train eagle3 r$N3-eagle3 "$steps" $(( steps / 2 > 0 ? steps / 2 : 1 )) 10 > "$RUNS/r$N3-eagle3.log" 2>&1 & b=$!
+wait $a || tail -20 "$RUNS/r$N31-eagle3.1.log"; wait $b || tail -20 "$RUNS/r$N3-eagle3.log"
 echo "training done: $(( $(date +%s) - t0 )) s since the probe began"
