@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The next round on one GPU (EAGLE-3.1 round N31, EAGLE-3 round N3: the numbers after each release's), both variants from their releases (in $R/init-<variant>), side by side, on the same
-# data (DATA: corpus folders, space-separated), batch order, seed and step count. A 10-step probe of one run
-# sizes the steps to the time left before DEADLINE (epoch seconds), with room for two runs and the data job
-# sharing the GPU. Run from the repository root. Env: DATA, RUNS, DEADLINE; DEVICE (cuda; cpu for a dry run), BATCH (tokens a step), LR,
+# The next round on one GPU (EAGLE-3.1 round N31, EAGLE-3 round N3), both variants from their releases (in
+# $R/init-<variant>), side by side, on the same data (DATA: corpus folders, space-separated), batch order, seed and
+# step count. A 10-step probe of one run sizes the steps to the time left before DEADLINE (epoch seconds), with room
+# for two runs and the data job sharing the GPU. Run from the repository root. Env: DATA, RUNS, DEADLINE; DEVICE (cuda; cpu for a dry run), BATCH (tokens a step), LR,
 # PROBE (steps), HELDOUT (held-out conversations scored), SHARE (fraction of the probe's speed each run is assumed to keep), INITS (folder of init-*),
-# N31 and N3 (round numbers: 20 and 17 after session 58, where the EAGLE-3.1 name r19 went to an unreleased CPU round).
+# N31, N3 (the round numbers; go.sh sets them).
 set -euo pipefail
-: "${DATA:?corpus folders}" "${RUNS:?output root}" "${DEADLINE:?epoch seconds}"
+: "${DATA:?corpus folders}" "${RUNS:?output root}" "${DEADLINE:?epoch seconds}" "${N31:?round number}" "${N3:?round number}"
 DEVICE=${DEVICE:-cuda} BATCH=${BATCH:-32768} LR=${LR:-4e-4} PROBE=${PROBE:-10} SHARE=${SHARE:-0.55}
-N31=${N31:-20} N3=${N3:-17} INITS=${INITS:-/root/data} MAXLEN=${MAXLEN:-1024} HELDOUT=${HELDOUT:-256}
+INITS=${INITS:-/root/data} MAXLEN=${MAXLEN:-1024} HELDOUT=${HELDOUT:-256}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 train() {  # variant name steps eval-every log-every
   # shellcheck disable=SC2086  # DATA is a list of folders
