@@ -2,7 +2,8 @@
 # One CPU training round of a released drafter, from training to release (what sessions 50-54 did by hand).
 # VARIANT=eagle3 (default) or eagle3.1 picks the release it continues, evaluates against and replaces.
 #   bash benchmarks/cpu_round.sh train N [--resume]   continue the release for STEPS (1800) steps on the whole corpus
-#                                                     in a batch order of its own (--order-seed N); resumable
+#                                                     in a batch order of its own (--order-seed N) at peak lr LR
+#                                                     (default 3e-4); resumable
 #   bash benchmarks/cpu_round.sh eval N               round N (final, converted to bf16 as it would ship) against the
 #                                                     release on MT-bench 1-10 and on 16 prompts of the other
 #                                                     categories (float32, tree 4,4,16, T=0 and T=1), then
@@ -30,7 +31,7 @@ case $MODE in
 train)
   anchorspec train --target smollm2-135m-instruct --data corpus/smollm2-135m-instruct --variant "$VARIANT" \
     --init-from "${INIT:-$RELEASE}" --revocab --order-seed "$N" \
-    --max-steps "${STEPS:-1800}" --lr 3e-4 --warmup-ratio 0.03 --ttt-steps 4 --batch-tokens 2048 --max-len 1024 \
+    --max-steps "${STEPS:-1800}" --lr "${LR:-3e-4}" --warmup-ratio 0.03 --ttt-steps 4 --batch-tokens 2048 --max-len 1024 \
     --dtype bfloat16 --threads 2 --heldout 0.02 --eval-every 100000 --eval-heldout 256 --eval-replay 16 \
     --eval-prompts 4 --eval-new-tokens 64 --save-every 100 --out "$RUN" "$@" ;;
 eval)

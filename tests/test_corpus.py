@@ -138,6 +138,9 @@ def test_init_from_continues_the_given_drafter(setup, tmp_path):
     # the start is scored first, on this run's held-out set: the baseline the round has to beat
     evals = [r for r in map(json.loads, (tmp_path / "cont" / "metrics.jsonl").read_text().splitlines()) if "eval" in r]
     assert evals[0]["step"] == 0 and evals[0]["eval"]["heldout_acc"] == start["heldout_acc"]
+    # ... with its fit gap, as the end is: did the round memorise (start and end on the same conversations)
+    assert [("fit" in r["eval"]) for r in evals] == [True] + [False] * (len(evals) - 2) + [True]
+    assert evals[0]["eval"]["fit"]["heldout_acc"] == start["heldout_acc"]
     assert not any(r["step"] == 0 for r in map(json.loads, (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()))
     run = json.loads((tmp_path / "cont" / "run.json").read_text())
     assert run["config"]["init_from"] == str(src) and run["config"]["variant"] == "eagle3"

@@ -129,6 +129,11 @@ def test_cpu_round_trains_with_flags_the_cli_accepts(tmp_path):
     args = cli.build_parser().parse_args(out)
     assert args.variant == "eagle3.1" and args.init_from == "checkpoints/smollm2-135m-instruct-eagle3.1"
     assert args.out == str(tmp_path / "home" / "runs" / "smollm2-135m-instruct" / "eagle3.1-r19")
+    # LR sets the peak learning rate (session 59: a quieter round), the default unchanged without it
+    assert args.lr == 3e-4
+    out = subprocess.run(["bash", str(CPU_ROUND), "train", "17"], env={**env, "LR": "1e-4"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert cli.build_parser().parse_args(out).lr == 1e-4
 
 
 def test_cpu_round_refuses_an_unknown_variant_in_one_line(tmp_path):

@@ -300,6 +300,13 @@ def test_trainer_end_to_end(setup, tmp_path, variant):
     assert run["draft_vocab"]["size"] == DRAFT_VOCAB and 0 < run["draft_vocab"]["coverage"] <= 1
     assert run["total_steps"] == 30 and run["summary"]["steps"] == 30
     assert run["config"]["variant"] == variant
+    # the fit gap: scored at the last evaluation only (no --init-from: no start to score), beside its held-out figures
+    fit = run["summary"]["fit"]
+    assert fit == evals[-1]["eval"]["fit"] and all("fit" not in r["eval"] for r in evals[:-1])
+    assert fit["heldout_acc"] == evals[-1]["eval"]["heldout_acc"]
+    assert fit["scored"] == len(trainer.scored_heldout()) and len(fit["train_acc"]) == 3
+    assert all(0 <= a <= 1 for a in fit["train_acc"])
+    assert fit["gap"] == pytest.approx([t - h for t, h in zip(fit["train_acc"], fit["heldout_acc"])])
     png = out / "training.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -728,3 +735,25 @@ def test_eval_heldout_scores_a_spread_subset(setup, tmp_path):
     assert t.scored_heldout() == list(held) and t.evaluate()["heldout_acc"] == full["heldout_acc"]
     with pytest.raises(AnchorspecError, match="--eval-heldout"):
         config(setup, tmp_path / "bad", eval_heldout=-1).validate()
+
+
+def test_fit_gap_scores_training_conversations_with_the_held_out_scorer(setup, tmp_path):
+    """The fit gap's training figures come from a spread subset of the training split, as many as the
+    evaluation scores held out, through the very scorer the held-out accuracy uses: scoring the held-out
+    conversations as if they were the training ones gives a gap of exactly zero, and training long on a few
+    conversations at a high learning rate opens a positive one (memorised, not learned)."""
+    t = Trainer(config(setup, tmp_path / "fit", heldout=0.25, max_steps=1, eval_heldout=4))
+    train, held = t.scored_train(), t.scored_heldout()
+    assert len(train) == len(held) == 4 and set(train) <= set(t.train_idx) and not set(train) & set(t.held_idx)
+    assert train[0] == t.train_idx[0] and t.train_idx.index(train[-1]) >= len(t.train_idx) // 2
+    fit = t.fit_gap()
+    assert fit["heldout_acc"] == t.evaluate()["heldout_acc"] and fit["scored"] == 4
+    t.train_idx = list(t.held_idx)  # the same conversations on both sides
+    assert t.fit_gap()["gap"] == [0.0] * 3
+    assert t.drafter.training  # scoring leaves the drafter in training mode
+
+    # memorising: 4 training conversations, many steps at a high learning rate
+    m = Trainer(config(setup, tmp_path / "mem", heldout=0.9, max_steps=60, lr=1e-2, dtype="float32"))
+    m.run()
+    gap = json.loads((tmp_path / "mem" / "run.json").read_text())["summary"]["fit"]["gap"]
+    assert gap[0] > 0.05, gap

@@ -1,4 +1,4 @@
-"""The training picture: loss, per-step accuracy and tau over optimizer steps (from metrics.jsonl)."""
+"""The training picture: loss and learning rate, per-step accuracy and tau over optimizer steps (from metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def plot_training(metrics_path, png_path, title: str = "TTT training") -> None:
     else:
         axes[0].plot(steps, [r["loss"] for r in train])
         axes[0].set(title="train loss (sum of 0.8^k-weighted steps)", xlabel="step", yscale="log")
+    if "lr" in train[-1]:  # a re-warmed learning rate shows as a dip in accuracy: draw the schedule beside it
+        lr_axis = axes[0].twinx()
+        lr_axis.plot(steps, [r["lr"] for r in train], color="tab:gray", linestyle="--", linewidth=1)
+        lr_axis.set_ylabel("learning rate (dashed)", color="tab:gray")
+        lr_axis.set_ylim(bottom=0)
     K = len(train[-1]["acc_per_step"])
     cmap = plt.get_cmap("viridis")
     for k in range(K):
@@ -43,7 +48,12 @@ def plot_training(metrics_path, png_path, title: str = "TTT training") -> None:
         for k in range(K):
             axes[1].plot([e["step"] for e in evals], [e["eval"]["heldout_acc"][k] for e in evals], "o",
                          color=cmap(k / max(1, K - 1)), markersize=4)
-    axes[1].set(title="accuracy per TTT step (lines: train, dots: held-out)", xlabel="step", ylim=(0, 1))
+    # zoomed to the figures: a round continuing a good drafter moves them by a point or two, invisible on 0..1
+    shown = [a for r in train for a in r["acc_per_step"]] + [a for e in evals for a in e["eval"]["heldout_acc"]]
+    low, high = min(shown), max(shown)
+    pad = max(0.02, 0.1 * (high - low))
+    axes[1].set(title="accuracy per TTT step (lines: train, dots: held-out)", xlabel="step",
+                ylim=(max(0.0, low - pad), min(1.0, high + pad)))
     axes[1].legend(fontsize=7, ncol=2)
     axes[2].plot(steps, [r["train_sim_tau"] for r in train], alpha=0.5, label="simulated tau (train)")
     if evals:

@@ -9,7 +9,7 @@ batch.
 Output directory:
     run.json              config, data and vocabulary figures (what was trained on)
     metrics.jsonl         one line per logged step / evaluation
-    training.png          loss, per-step accuracy and tau over steps
+    training.png          loss and learning rate, per-step accuracy and tau over steps
     best/                 the drafter with the best measured acceptance (not the lowest loss)
     final/                the drafter after the last step
     checkpoints/step-N/   resumable state (drafter + optimizer + scheduler), `latest` names the newest
@@ -390,6 +390,7 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, self.total_steps, self.warmup))
         self.step = 0
         self.best = {"metric": None, "step": None}
+        self.fit = None  # the latest fit gap (fit_gap): at the start of a continued run and at the end
         self.train_seconds = 0.0
         self.train_tokens = 0
         self.eval_prompt_ids = self._eval_prompts()
@@ -472,6 +473,39 @@ class Trainer:
         lengths = [len(self.examples[i].input_ids) for i in scored]
         return [[scored[i] for i in idx] for idx in epoch_batches(lengths, self.cfg.batch_tokens, self.cfg.seed, 0)]
 
+    @torch.no_grad()
+    def _accuracy(self, scored: list[int]) -> list[float]:
+        """TTT accuracy per step over the examples `scored` (indices into `examples`), token-weighted, in eval mode:
+        the one scorer held-out and training conversations are both measured with."""
+        was_training = self.drafter.training
+        self.drafter.eval()
+        correct = valid = None
+        for members in self._heldout_batches(scored):
+            with self._autocast():
+                batch = self._batch(members)
+                _, _, acc, n, _ = self.objective(*batch)
+            c = acc.double() * n.double()
+            correct = c if correct is None else correct + c
+            valid = n.double() if valid is None else valid + n.double()
+        self.drafter.train(was_training)
+        return (correct / valid.clamp(min=1)).tolist()
+
+    def scored_train(self) -> list[int]:
+        """As many training conversations as an evaluation scores held-out ones, spread evenly over the training
+        list the same way (`scored_heldout`), for the fit gap."""
+        n, train = len(self.scored_heldout()), self.train_idx
+        return list(train) if n >= len(train) else [train[i * len(train) // n] for i in range(n)]
+
+    def fit_gap(self, heldout_acc: list[float] | None = None) -> dict:
+        """Training against held-out accuracy per TTT step, one scorer, the drafter as it is now. A drafter that
+        scores its training conversations well above unseen ones has memorised them: more data is what it needs.
+        Level (or below) says the data is not the limit: the steps' noise (learning rate against batch size) or
+        the drafter's capacity is. `heldout_acc`: the held-out figures of an evaluation of these weights."""
+        held = heldout_acc if heldout_acc is not None else self._accuracy(self.scored_heldout())
+        train = self._accuracy(self.scored_train())
+        return {"train_acc": train, "heldout_acc": list(held), "gap": [t - h for t, h in zip(train, held)],
+                "scored": len(self.scored_train())}
+
     def _eval_prompts(self) -> list[list[int]]:
         """Held-out prompts: each example's tokens before its first assistant token."""
         out = []
@@ -505,15 +539,7 @@ class Trainer:
 
         self.drafter.eval()
         scored = self.scored_heldout()
-        correct = valid = None
-        for members in self._heldout_batches(scored):
-            with self._autocast():
-                batch = self._batch(members)
-                _, _, acc, n, _ = self.objective(*batch)
-            c = acc.double() * n.double()
-            correct = c if correct is None else correct + c
-            valid = n.double() if valid is None else valid + n.double()
-        acc = (correct / valid.clamp(min=1)).tolist()
+        acc = self._accuracy(scored)
         result = {"heldout_acc": acc, "sim_tau": simulated_tau(acc), "heldout_scored": len(scored)}
         if self.cfg.stage == "accept":
             result.update(self.heldout_acceptance())
@@ -752,15 +778,22 @@ class Trainer:
             return True
         return False
 
-    def _evaluate_and_log(self, bar, label: str, mark_best: bool = True) -> None:
-        """Evaluate, keep best/ if it is the best so far, log the record and print one line."""
+    def _evaluate_and_log(self, bar, label: str, mark_best: bool = True, fit: bool = False) -> None:
+        """Evaluate, keep best/ if it is the best so far, log the record and print one line; with `fit`, the
+        fit gap too (the start of a continued run and the end: whether the round memorised its corpus)."""
         ev = self.evaluate()
+        if fit:
+            ev["fit"] = self.fit = self.fit_gap(ev["heldout_acc"])
         best = self._maybe_best(ev)
         self._log({"step": self.step, "eval": ev, "best": best})
         bar.write(f"{label}: held-out sim tau {ev['sim_tau']:.2f}"
                   + (f", replay tau {ev['replay_tau']:.3f}" if "replay_tau" in ev else "")
                   + (f", generate tau {ev['gen_tau']:.2f}" if "gen_tau" in ev else "")
                   + (" (best)" if best and mark_best else ""))
+        if fit:
+            g = ev["fit"]
+            bar.write(f"{label}: fit gap {g['gap'][0]:+.3f} at TTT step 1 ({g['gap'][-1]:+.3f} at the last): "
+                      f"{g['scored']} training conversations score {g['train_acc'][0]:.3f}, held-out {g['heldout_acc'][0]:.3f}")
 
     def run(self) -> dict:
         from tqdm import tqdm
@@ -786,7 +819,7 @@ class Trainer:
             # the drafter a continued run starts from, scored on this run's held-out set: the baseline its
             # evaluations must beat, and the best so far (a round that only gets worse releases its start)
             if self.dist.main:
-                self._evaluate_and_log(bar, "step 0 (--init-from)", mark_best=False)
+                self._evaluate_and_log(bar, "step 0 (--init-from)", mark_best=False, fit=True)
             self.dist.barrier()
         window, t_window = _Accum(), time.perf_counter()
         while self.step < self.total_steps:
@@ -804,7 +837,7 @@ class Trainer:
                 window, t_window = _Accum(), time.perf_counter()
             if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
                 if self.dist.main:
-                    self._evaluate_and_log(bar, f"step {self.step}")
+                    self._evaluate_and_log(bar, f"step {self.step}", fit=self.step == self.total_steps)
                     self._plot()
                 self.dist.barrier()
                 t_window = time.perf_counter()
@@ -818,6 +851,8 @@ class Trainer:
                    "best_step": self.best["step"], "best_metric": self.best["metric"]}
         if self.dist.main:
             save_drafter(self.drafter, self.out / "final")
+            if self.fit is not None:
+                summary["fit"] = self.fit
             self._write_run({"summary": summary})
             self._plot()
         self.dist.barrier()
