@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import environment  # noqa: E402
 
 from anchorspec.atomic import atomic_write_text  # noqa: E402
-from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.train.trainer import TrainConfig, Trainer  # noqa: E402
 
 
@@ -56,11 +55,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     rows = {}
     for name, path in (named(s) for s in args.drafter):
-        # a trainer per drafter: its vocabulary mapping (d2t) is part of what the objective scores with
-        dc = load_drafter(path).config
-        variant = "eagle3.1" if dc.norm_output else "eagle3"
+        # a trainer per drafter: its vocabulary mapping (d2t) is part of what the objective scores with; variant and
+        # draft vocabulary size None: the trainer takes the drafter's own
         cfg = TrainConfig(target=args.target, data=args.data, out="/tmp/anchorspec-fit-gap-unused", init_from=path,
-                          variant=variant, draft_vocab_size=dc.draft_vocab_size, ttt_steps=args.ttt_steps, max_len=args.max_len,
+                          variant=None, draft_vocab_size=None, ttt_steps=args.ttt_steps, max_len=args.max_len,
                           batch_tokens=args.batch_tokens, dtype=args.dtype, seed=args.seed, heldout=args.heldout,
                           eval_heldout=args.conversations, eval_prompts=0, eval_replay=0, max_steps=1, progress=False)
         trainer = Trainer(cfg)

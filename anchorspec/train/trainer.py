@@ -463,10 +463,7 @@ class Trainer:
         """The examples (indices into `examples`) an evaluation's accuracy scores: every held-out one, or with
         `eval_heldout` N that many spread evenly over the held-out list, so every corpus part stays represented
         (a 2 % split of a 13.6M-token corpus is 853 conversations: 12 minutes an evaluation on 2 CPU cores)."""
-        n, held = self.cfg.eval_heldout, self.held_idx
-        if n == 0 or n >= len(held):
-            return list(held)
-        return [held[i * len(held) // n] for i in range(n)]
+        return _spread(self.held_idx, self.cfg.eval_heldout)
 
     def _heldout_batches(self, scored: list[int]) -> list[list[int]]:
         """`scored` (example indices) in the evaluation's batches, each a list of example indices."""
@@ -493,8 +490,7 @@ class Trainer:
     def scored_train(self) -> list[int]:
         """As many training conversations as an evaluation scores held-out ones, spread evenly over the training
         list the same way (`scored_heldout`), for the fit gap."""
-        n, train = len(self.scored_heldout()), self.train_idx
-        return list(train) if n >= len(train) else [train[i * len(train) // n] for i in range(n)]
+        return _spread(self.train_idx, len(self.scored_heldout()))
 
     def fit_gap(self, heldout_acc: list[float] | None = None) -> dict:
         """Training against held-out accuracy per TTT step, one scorer, the drafter as it is now. A drafter that
@@ -502,9 +498,10 @@ class Trainer:
         Level (or below) says the data is not the limit: the steps' noise (learning rate against batch size) or
         the drafter's capacity is. `heldout_acc`: the held-out figures of an evaluation of these weights."""
         held = heldout_acc if heldout_acc is not None else self._accuracy(self.scored_heldout())
-        train = self._accuracy(self.scored_train())
+        scored = self.scored_train()
+        train = self._accuracy(scored)
         return {"train_acc": train, "heldout_acc": list(held), "gap": [t - h for t, h in zip(train, held)],
-                "scored": len(self.scored_train())}
+                "scored": len(scored)}
 
     def _eval_prompts(self) -> list[list[int]]:
         """Held-out prompts: each example's tokens before its first assistant token."""
@@ -865,6 +862,13 @@ class Trainer:
             plot_training(self.out / "metrics.jsonl", self.out / "training.png", title=f"{self.cfg.variant} TTT")
         except ImportError:  # matplotlib is optional for training itself
             pass
+
+
+def _spread(indices: list[int], n: int) -> list[int]:
+    """`n` of `indices` spread evenly over the list, first one included (all of them for n = 0 or n >= the list)."""
+    if n == 0 or n >= len(indices):
+        return list(indices)
+    return [indices[i * len(indices) // n] for i in range(n)]
 
 
 class _null:
