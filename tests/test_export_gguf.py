@@ -253,6 +253,53 @@ def test_weight_types(tmp_path, target_gguf, capsys, saved_dtype, outtype, ggml_
         assert np.array_equal(raw, fc.to(torch.float16 if outtype == "f16" else torch.float32).numpy())
 
 
+def test_q8_0_quantizes_every_matrix_in_blocks_of_32(tmp_path, target_gguf, capsys):
+    drafter = make_drafter()
+    src = saved(tmp_path, drafter)
+    out, half = tmp_path / "q8.gguf", tmp_path / "f16.gguf"
+    for path, kind in ((out, "q8_0"), (half, "f16")):
+        rc, _, err = run_cli(["export", src, "--format", "gguf", "--out", path, "--target-gguf", target_gguf,
+                              "--outtype", kind], capsys)
+        assert rc == 0, err
+    kv, tensors = fields(out)
+    assert value(kv["general.file_type"]) == gguf.LlamaFileType.MOSTLY_Q8_0
+    assert tensors["d2t"].tensor_type == gguf.GGMLQuantizationType.I64
+    loaded = load_drafter(src)
+    attn = loaded.midlayer.self_attn
+    expected = {"fc.weight": loaded.fc.weight, "output.weight": loaded.lm_head.weight,
+                "blk.0.attn_q.weight": interleave_rope_rows(attn.q_proj.weight, HEADS),
+                "blk.0.attn_v.weight": attn.v_proj.weight, "blk.0.ffn_down.weight": loaded.midlayer.mlp.down_proj.weight}
+    for name, t in tensors.items():
+        if name.endswith("norm.weight") or name.endswith("norm_2.weight"):
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32, name
+        elif name != "d2t":
+            assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0, name
+    for name, w in expected.items():
+        w = w.detach().float().numpy()
+        got = gguf.dequantize(np.asarray(tensors[name].data), gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)
+        step = np.abs(w.reshape(w.shape[0], -1, 32)).max(-1, keepdims=True) / 127  # one int8 step per block
+        err = np.abs(got - w).reshape(step.shape[0], -1, 32)
+        # half a step from rounding, plus up to 127 steps times the f16 rounding of the scale (2**-11)
+        assert (err <= (0.5 + 127 * 2**-11) * step + 1e-7).all(), name
+        assert err.max() > 0, name  # really quantized, not copied
+    assert out.stat().st_size < 0.6 * half.stat().st_size
+
+
+def test_q8_0_falls_back_to_f16_for_rows_off_the_block(tmp_path, capsys):
+    """Hidden 48: fc's rows (3 x 48 = 144 values) are no multiple of 32 and go F16; q's (2 x 48 = 96) are."""
+    target = write_target_gguf(tmp_path / "t48.gguf", hidden=48)
+    src = saved(tmp_path, make_drafter(hidden_size=48, intermediate_size=96))
+    out = tmp_path / "q8.gguf"
+    rc, _, err = run_cli(["export", src, "--format", "gguf", "--out", out, "--target-gguf", target,
+                          "--outtype", "q8_0"], capsys)
+    assert rc == 0, err
+    _, tensors = fields(out)
+    assert tensors["fc.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+    assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    fc = load_drafter(src).fc.weight.detach()
+    assert np.array_equal(np.asarray(tensors["fc.weight"].data), fc.to(torch.float16).numpy())
+
+
 def test_rope_scaling_becomes_frequency_factors(tmp_path, target_gguf):
     from anchorspec.models.export_gguf import export_gguf
 
@@ -388,7 +435,8 @@ def llamacpp_speculative(target: Path, draft: Path, n: int) -> tuple[str, int, i
 
 
 @pytest.mark.llamacpp
-def test_llamacpp_accepts_our_drafts_and_stays_lossless(tmp_path, capsys):
+@pytest.mark.parametrize("outtype", ["auto", "q8_0"])
+def test_llamacpp_accepts_our_drafts_and_stays_lossless(tmp_path, capsys, outtype):
     needs_target_gguf()
     llamacpp_binary("llama-speculative-simple")
     llamacpp_binary("llama-completion")
@@ -396,7 +444,7 @@ def test_llamacpp_accepts_our_drafts_and_stays_lossless(tmp_path, capsys):
 
     target = float32_alias_gguf("smollm2-135m-instruct")  # the PyTorch target's exact weights
     draft = tmp_path / "draft.gguf"
-    rc, _, err = run_cli(["export", RELEASE, "--format", "gguf", "--out", draft], capsys)
+    rc, _, err = run_cli(["export", RELEASE, "--format", "gguf", "--out", draft, "--outtype", outtype], capsys)
     assert rc == 0, err
     spec, drafted, accepted = llamacpp_speculative(target, draft, 96)
     plain = llamacpp_plain(target, 96 + 8)  # the speculative loop may overshoot -n by its last accepted drafts
@@ -405,9 +453,11 @@ def test_llamacpp_accepts_our_drafts_and_stays_lossless(tmp_path, capsys):
 
 
 @pytest.mark.llamacpp
-def test_same_tensors_and_keys_as_llamacpps_own_converter(tmp_path, capsys):
+@pytest.mark.parametrize("outtype", ["auto", "q8_0"])
+def test_same_tensors_and_keys_as_llamacpps_own_converter(tmp_path, capsys, outtype):
     """llama.cpp's convert_hf_to_gguf.py, given the same release and the target's HF copy, writes the
-    same tensors bit for bit and the same keys (but general.* naming and the target's add_space_prefix)."""
+    same tensors bit for bit and the same keys (but general.* naming and the target's add_space_prefix),
+    with the checkpoint's own type and with both quantizing to Q8_0."""
     needs_target_gguf()
     converter = llamacpp_dir() / "src" / "convert_hf_to_gguf.py"
     if not converter.is_file():
@@ -423,10 +473,10 @@ def test_same_tensors_and_keys_as_llamacpps_own_converter(tmp_path, capsys):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(converter.parent / "gguf-py"),
                                                                     os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, str(converter), str(RELEASE), "--target-model-dir",
-                           resolve_target("smollm2-135m-instruct"), "--outfile", str(theirs)],
+                           resolve_target("smollm2-135m-instruct"), "--outfile", str(theirs), "--outtype", outtype],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rc, _, err = run_cli(["export", RELEASE, "--format", "gguf", "--out", ours], capsys)
+    rc, _, err = run_cli(["export", RELEASE, "--format", "gguf", "--out", ours, "--outtype", outtype], capsys)
     assert rc == 0, err
     their_kv, their_tensors = fields(theirs)
     our_kv, our_tensors = fields(ours)

@@ -286,3 +286,38 @@ def test_llamacpp_drafts_with_the_p_min_asked_for(monkeypatch, p_min):
     argv = seen[0]
     assert argv[argv.index("--spec-draft-p-min") + 1] == str(float(p_min or 0))
     assert (r["text"], r["new_tokens"], r["drafted"], r["accepted"], r["steps"]) == (" continued", 12, 9, 5, 7)
+
+
+# --- benchmarks/llamacpp_verify_cost.py: costs read off llama.cpp's logs --------------------------------
+
+def llamacpp_log(prompt_ms, prompt_tokens, eval_ms=0.0, runs=0, total_ms=0.0, sampling_ms=0.0, predicted=None,
+                 accepted=None, decoded_speed=None):
+    """The timing lines llama-completion / llama-speculative-simple print (common_perf_print and the
+    speculative summary), with made-up numbers."""
+    lines = [f"0.01.386.107 I common_perf_print: prompt eval time =   {prompt_ms:8.2f} ms / {prompt_tokens:5d} tokens "
+             f"(    3.35 ms per token,   298.47 tokens per second)",
+             f"0.01.386.108 I common_perf_print:        eval time =   {eval_ms:8.2f} ms / {runs:5d} runs   "
+             f"(    8.02 ms per token,   124.64 tokens per second)",
+             f"0.02.172.748 I common_perf_print:    sampling time =      {sampling_ms:.2f} ms",
+             f"0.02.172.753 I common_perf_print:       total time =    {total_ms:.2f} ms / {prompt_tokens + 1:5d} tokens"]
+    if predicted is not None:
+        lines += [f"0.02.172.707 I decoded  {predicted} tokens in    1.579 seconds, speed:   {decoded_speed:.3f} t/s",
+                  f"0.02.172.708 I n_predict = {predicted}", "0.02.172.708 I n_drafted = 180",
+                  f"0.02.172.708 I n_accept  = {accepted}"]
+    return "\n".join(lines)
+
+
+def test_llamacpp_costs_from_logs():
+    import llamacpp_verify_cost as cost
+
+    plain = cost.parse_plain(llamacpp_log(prompt_ms=70.0, prompt_tokens=21, eval_ms=1016.0, runs=127))
+    assert plain == {"step_ms": pytest.approx(8.0), "prefill_ms": 70.0, "prompt_tokens": 21}
+    # 60 verifications of 4 tokens (a chain of 3) at 20 ms, 69 drafts accepted, 5 ms of drafting a step
+    spec = cost.parse_speculative(llamacpp_log(prompt_ms=70.0 + 60 * 20.0, prompt_tokens=21 + 60 * 4,
+                                               total_ms=70.0 + 60 * 20.0 + 10.0 + 60 * 5.0, sampling_ms=10.0,
+                                               predicted=129, accepted=69, decoded_speed=81.7), plain)
+    assert spec["tau"] == pytest.approx(129 / 60)
+    assert spec["verify_ms"] == pytest.approx(20.0)
+    assert spec["verify_tokens"] == pytest.approx(4.0)
+    assert spec["draft_ms"] == pytest.approx(5.0)
+    assert spec["tokens_per_s"] == pytest.approx(81.7)

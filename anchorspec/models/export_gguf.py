@@ -27,8 +27,11 @@ src/models/llama.cpp, common/speculative.cpp and gguf-py/gguf/constants.py.
 - Tokenizer: every model load reads a vocabulary, the d2t scatter needs its size, and the
   speculative code checks that draft and target vocabularies agree; the converter copies the
   target's tokenizer. We copy every tokenizer.* key of the target GGUF the user runs.
-- Norms and rope factors are F32; 2-D weights F32, F16 or BF16 ("auto": the checkpoint's own
-  16-bit type, else F32, like the converter's auto).
+- Norms and rope factors are F32; 2-D weights F32, F16, BF16 ("auto": the checkpoint's own
+  16-bit type, else F32, like the converter's auto) or Q8_0 (the converter's `--outtype q8_0`:
+  every 2-D weight, lm_head and fc included, quantized by gguf-py in blocks of 32; a row length
+  that is no multiple of 32 falls back to F16, as there). Q8_0 reads about half of F16's bytes a
+  draft step, which matters beside a target that llama.cpp runs quantized (Q4_1 as shipped).
 
 One decoder layer only: eagle3.cpp's decoder graph asserts n_layer == 1 and its loader builds every
 layer with a 2H (embedding, feature) attention input, so multi-layer drafters are refused.
@@ -53,7 +56,7 @@ from .drafter import Eagle3Drafter, rope_inv_freq
 from .hub import ALIASES, alias_gguf
 
 ARCH = "eagle3"
-OUTTYPES = ("auto", "f32", "f16", "bf16")
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 NUM_TARGET_LAYERS = 3  # eagle3.cpp: "EAGLE3 requires exactly 3 entries in 'extract_layers'"
 
 
@@ -175,10 +178,16 @@ def _weight_type(drafter_dir: str | Path | None, outtype: str) -> str:
 
 
 def _as_array(t: torch.Tensor, kind: str):
-    """(numpy array, raw ggml type or None) for add_tensor; numpy has no bfloat16, so its bits go raw."""
-    from gguf import GGMLQuantizationType
+    """(numpy array, raw ggml type or None) for add_tensor; numpy has no bfloat16, so its bits go raw,
+    and Q8_0 goes as its blocks' bytes (uint8 rows)."""
+    from gguf import GGMLQuantizationType, QuantError, quants
 
     t = t.detach().cpu().contiguous()
+    if kind == "q8_0":
+        try:
+            return quants.quantize(t.to(torch.float32).numpy(), GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+        except QuantError:  # a row that is no multiple of the 32-value block: F16, as llama.cpp's converter does
+            kind = "f16"
     if kind == "bf16":
         return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), GGMLQuantizationType.BF16
     return t.to(torch.float16 if kind == "f16" else torch.float32).numpy(), None
@@ -253,7 +262,7 @@ def export_gguf(drafter: Eagle3Drafter, out: str | Path, target_gguf: Path, outt
     writer = GGUFWriter(path=None, arch=ARCH)
     writer.add_name(name or "anchorspec EAGLE-3 drafter")
     writer.add_file_type({"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
-                          "bf16": LlamaFileType.MOSTLY_BF16}[kind])
+                          "bf16": LlamaFileType.MOSTLY_BF16, "q8_0": LlamaFileType.MOSTLY_Q8_0}[kind])
     writer.add_quantization_version(2)  # GGML_QNT_VERSION
     writer.add_block_count(1)
     writer.add_context_length(c.max_position_embeddings)
