@@ -85,8 +85,14 @@ def main(argv=None) -> int:
     p.add_argument("--corpus", default="corpus/smollm2-135m-instruct")
     p.add_argument("--mtbench", default=DEFAULT_DATA)
     p.add_argument("--per-source", type=int, default=16, help="answers per row")
-    p.add_argument("--mtbench-categories", action="store_true",
-                   help="one MT-bench row per category (--per-source first turns each, at most 10)")
+    p.add_argument("--mtbench-categories", nargs="?", const="all", default=None, metavar="LIST",
+                   help="one MT-bench row per category (--per-source first turns each, at most 10); "
+                        "a comma-separated LIST keeps only those categories")
+    p.add_argument("--prompts", action="append", default=[], metavar="NAME=FILE",
+                   help="a row of prompts answered by the target here, as MT-bench's are (JSONL with a 'prompt' "
+                        "or 'text' field, e.g. synth-prompts output): how far a candidate prompt source sits from "
+                        "MT-bench before its answers are regenerated at scale")
+    p.add_argument("--no-corpus", action="store_true", help="leave out the held-out corpus rows")
     p.add_argument("--answer-tokens", type=int, default=128, help="answer tokens walked (generate's default budget)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
@@ -98,14 +104,14 @@ def main(argv=None) -> int:
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype)
 
+    rows: dict[str, list[tuple[list[int], int]]] = defaultdict(list)
     folder = Path(args.corpus)
-    examples = read_corpus(folder, vocab_size=target.vocab_size)
-    sources = corpus_sources(folder)
+    examples = [] if args.no_corpus else read_corpus(folder, vocab_size=target.vocab_size)
+    sources = corpus_sources(folder) if examples else []
     if len(sources) != len(examples):
         raise SystemExit(f"{folder}: {len(examples)} conversations but {len(sources)} ids in the part metadata")
-    _, held = split_heldout([e.input_ids for e in examples], args.heldout, args.seed, minimum=2)
+    held = split_heldout([e.input_ids for e in examples], args.heldout, args.seed, minimum=2)[1] if examples else []
     steers = steer_names(Path(__file__).resolve().parent.parent / "scripts" / "magpie_steers.sh")
-    rows: dict[str, list[tuple[list[int], int]]] = defaultdict(list)
     for i in held:
         got = first_answer(examples[i].input_ids, examples[i].loss_mask)
         src = source_name(sources[i], steers)
@@ -123,12 +129,23 @@ def main(argv=None) -> int:
                 if line.strip():
                     q = json.loads(line)
                     categories.setdefault(q["category"], []).append({"text": q["turns"][0]})
-        asked = [(f"MT-bench {c} (the target's answers)", q) for c, qs in categories.items()
+        keep = set(categories) if args.mtbench_categories == "all" else set(args.mtbench_categories.split(","))
+        if keep - set(categories):
+            raise SystemExit(f"no MT-bench category {sorted(keep - set(categories))}; have {sorted(categories)}")
+        asked = [(f"MT-bench {c} (the target's answers)", q) for c, qs in categories.items() if c in keep
                  for q in qs[:args.per_source]]
     else:
         asked = [("MT-bench first turns (the target's answers)", q)
                  for q in load_prompts(args.mtbench, args.per_source)]
-    for row, q in tqdm(asked, desc="MT-bench answers", leave=False):
+    for spec in args.prompts:
+        name, sep, path = spec.rpartition("=")  # a name may hold "=" (T=1), a path rarely does
+        if not sep:
+            raise SystemExit(f"--prompts takes NAME=FILE, got {spec!r}")
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        asked += [(f"{name} (the target's answers)", {"text": r.get("prompt", r.get("text"))})
+                  for r in lines[:args.per_source]]
+    for row, q in tqdm(asked, desc="answers", leave=False):
         ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
         answer = generate_vanilla(target, torch.tensor(ids), gcfg).token_ids
         rows[row].append((ids + answer, len(ids)))
