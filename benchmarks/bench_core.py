@@ -109,8 +109,21 @@ def load_prompts(path: str, limit: int, every: int = 1, offset: int = 0) -> list
         for line in f:
             if line.strip():
                 q = json.loads(line)
-                rows.append({"id": q.get("question_id", len(rows)), "text": q["turns"][0]})
+                rows.append({"id": q.get("question_id", len(rows)), "text": q["turns"][0], "category": q.get("category")})
     return rows[offset::every][:limit]
+
+
+def prompts_by_category(path: str, per_category: int, keep: str = "all") -> dict[str, list[dict]]:
+    """First turns grouped by MT-bench category (in file order), at most `per_category` each; `keep`: "all" or
+    a comma-separated list of categories (an unknown one is an error naming the ones there are)."""
+    groups: dict[str, list[dict]] = {}
+    for q in load_prompts(path, sys.maxsize):
+        groups.setdefault(q["category"], []).append(q)
+    wanted = list(groups) if keep == "all" else keep.split(",")
+    unknown = [c for c in wanted if c not in groups]
+    if unknown:
+        raise SystemExit(f"no MT-bench category {unknown}; have {sorted(groups)}")
+    return {c: groups[c][:per_category] for c in wanted}
 
 
 # --- small helpers ----------------------------------------------------------------------------------

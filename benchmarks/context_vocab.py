@@ -21,7 +21,6 @@ Nothing here is trained for the extra rows. One process, one dtype.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, write_results  # noqa: E402
+from bench_core import DEFAULT_DATA, prompts_by_category, write_results  # noqa: E402
 
 from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
@@ -90,20 +89,15 @@ def main(argv=None) -> int:
     base_ids, base_head = drafter.draft_to_target.clone(), drafter.lm_head.weight.detach().clone()
     in_vocab = drafter.t2d.clone()
 
-    wanted = args.categories.split(",")
-    questions = [json.loads(line) for line in open(args.mtbench) if line.strip()]
     gcfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
     report = {"dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()), "map_heldout_cosine": held_cos,
               "categories": {}}
-    for category in wanted:
-        asked = [q for q in questions if q["category"] == category][:args.per_category]
-        if not asked:
-            raise SystemExit(f"no MT-bench category {category!r}")
+    for category, asked in prompts_by_category(args.mtbench, args.per_category, args.categories).items():
         stats = {arm: GenerationStats() for arm in ARMS}
         covered = {arm: 0 for arm in ARMS}
         tokens = 0
         for q in tqdm(asked, desc=category, leave=False):
-            ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["turns"][0]}])
+            ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
             answer = generate_vanilla(target, torch.tensor(ids), gcfg).token_ids
             seq = torch.tensor(ids + answer)
             outside_prompt = torch.tensor(sorted({t for t in ids if not in_vocab[t]}), dtype=torch.long)
@@ -115,7 +109,6 @@ def main(argv=None) -> int:
                 stats[arm] = stats[arm].merge(replay(target, EagleProposer(drafter), seq, len(ids), DEFAULT_TREE))
         report["categories"][category] = {arm: {"tau": stats[arm].tau, "steps": stats[arm].verify_steps,
                                                 "coverage": covered[arm] / tokens} for arm in ARMS}
-        set_vocabulary(drafter, base_ids, base_head, base_ids[:0], base_head[:0])
     print(f"| category ({args.dtype}, {args.threads} thread(s); head map held-out cosine {held_cos:.3f}) | "
           + " | ".join(f"{arm} tau (coverage)" for arm in ARMS) + " |")
     print("|---|" + "---|" * len(ARMS))

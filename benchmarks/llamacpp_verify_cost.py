@@ -26,14 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import DEFAULT_DATA, load_prompts, write_results  # noqa: E402
-from peers import DEFAULT_DRAFTER, INSTALL_LLAMACPP, _number, _run, llamacpp_binary  # noqa: E402
-
-
-def plain_costs(target: Path, prompt: str, args) -> dict:
-    proc = _run([str(llamacpp_binary("llama-completion")), "-m", str(target), "-p", prompt,
-                 "-n", str(args.max_new_tokens), "--temp", "0", "-t", str(args.threads), "-c", "4096", "-no-cnv",
-                 "--no-display-prompt"], target)
-    return parse_plain(proc.stderr)
+from peers import DEFAULT_DRAFTER, INSTALL_LLAMACPP, _number, llamacpp_binary, llamacpp_eagle3, llamacpp_plain  # noqa: E402
 
 
 def parse_plain(log: str) -> dict:
@@ -42,14 +35,6 @@ def parse_plain(log: str) -> dict:
     return {"step_ms": _number(r"\beval time =\s*([\d.]+) ms / +\d+ runs", log) / runs,
             "prefill_ms": _number(r"prompt eval time =\s*([\d.]+) ms", log),
             "prompt_tokens": _number(r"prompt eval time =\s*[\d.]+ ms / +(\d+) tokens", log, int)}
-
-
-def speculative_costs(target: Path, draft: Path, prompt: str, k: int, plain: dict, args) -> dict:
-    proc = _run([str(llamacpp_binary("llama-speculative-simple")), "-m", str(target), "-p", prompt,
-                 "-n", str(args.max_new_tokens), "--temp", "0", "-t", str(args.threads), "-td", str(args.threads),
-                 "-c", "4096", "-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
-                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"], target)
-    return parse_speculative(proc.stderr, plain)
 
 
 def parse_speculative(log: str, plain: dict) -> dict:
@@ -81,6 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True)
+    p.set_defaults(p_min=0.0, chain=None)  # what peers.llamacpp_eagle3 reads: full chains of each K
     args = p.parse_args(argv)
     from anchorspec.models.drafter import load_drafter
     from anchorspec.models.export_gguf import export_gguf, float32_alias_gguf
@@ -109,11 +95,13 @@ def main(argv=None) -> int:
               f"| break-even tau | tok/s (x plain) |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for label, path in targets.items():
-            plains = [plain_costs(path, text, args) for text in prompts]
+            # the runs peers.py times, read for their costs instead (p-min 0: every step drafts K tokens)
+            plains = [parse_plain(llamacpp_plain(path, text, args)["log"]) for text in prompts]
             step = statistics.median(x["step_ms"] for x in plains)
             row = {"step_ms": step, "plain_tokens_per_s": 1000 / step, "chains": {}}
             for k in chains:
-                runs = [speculative_costs(path, draft, text, k, pl, args) for text, pl in zip(prompts, plains)]
+                runs = [parse_speculative(llamacpp_eagle3(path, draft, text, args, chain=k)["log"], pl)
+                        for text, pl in zip(prompts, plains)]
                 med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                 med["break_even_tau"] = (med["verify_ms"] + med["draft_ms"]) / step
                 row["chains"][k] = med

@@ -250,16 +250,16 @@ def llamacpp_plain(target: Path, prompt: str, args, extra_tokens: int = 0) -> di
     text = proc.stdout.rstrip("\n").removesuffix(" [end of text]").rstrip("\n")
     # the first new token comes out of the prompt evaluation, every later one out of one eval run
     return {"text": text, "new_tokens": runs + 1, "seconds": (prompt_ms + eval_ms) / 1000, "drafted": None,
-            "accepted": None, "steps": None}
+            "accepted": None, "steps": None, "log": log}
 
 
-def llamacpp_eagle3(target: Path, draft: Path, prompt: str, args) -> dict:
-    """llama-speculative-simple with our draft GGUF at T=0, a chain of up to --chain drafts every step (shorter
-    where the drafter's top token is less likely than --p-min)."""
+def llamacpp_eagle3(target: Path, draft: Path, prompt: str, args, chain: int | None = None) -> dict:
+    """llama-speculative-simple with our draft GGUF at T=0, a chain of up to `chain` (default --chain) drafts
+    every step (shorter where the drafter's top token is less likely than --p-min)."""
     proc = _run([str(llamacpp_binary("llama-speculative-simple")), "-m", str(target), "-p", prompt,
                  "-n", str(args.max_new_tokens), "--temp", "0", "-t", str(args.threads), "-td", str(args.threads),
                  "-c", "4096", "-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
-                 str(args.chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min)], target)
+                 str(args.chain if chain is None else chain), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min)], target)
     log, echoed = proc.stderr, "\n\n" + prompt  # the prompt is echoed before the continuation
     text = proc.stdout[len(echoed):] if proc.stdout.startswith(echoed) else proc.stdout
     new = _number(r"decoded\s+(\d+) tokens in", log, int) or 0
@@ -268,7 +268,7 @@ def llamacpp_eagle3(target: Path, draft: Path, prompt: str, args) -> dict:
     # every verification commits its accepted drafts plus one token of the target's
     return {"text": text.rstrip("\n"), "new_tokens": new, "seconds": seconds,
             "drafted": _number(r"n_drafted\s*=\s*(\d+)", log, int), "accepted": accepted,
-            "steps": new - accepted if accepted is not None else None}
+            "steps": new - accepted if accepted is not None else None, "log": log}
 
 
 def run_llamacpp(args, prompts, engine, workdir: Path) -> list[dict]:

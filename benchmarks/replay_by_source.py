@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, load_prompts, named_drafters, write_results  # noqa: E402
+from bench_core import DEFAULT_DATA, load_prompts, named_drafters, prompts_by_category, write_results  # noqa: E402
 
 from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
@@ -123,17 +123,8 @@ def main(argv=None) -> int:
     # MT-bench first turns, answered by the target itself (what generate would write)
     gcfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
     if args.mtbench_categories:
-        categories = {}
-        with open(args.mtbench) as f:
-            for line in f:
-                if line.strip():
-                    q = json.loads(line)
-                    categories.setdefault(q["category"], []).append({"text": q["turns"][0]})
-        keep = set(categories) if args.mtbench_categories == "all" else set(args.mtbench_categories.split(","))
-        if keep - set(categories):
-            raise SystemExit(f"no MT-bench category {sorted(keep - set(categories))}; have {sorted(categories)}")
-        asked = [(f"MT-bench {c} (the target's answers)", q) for c, qs in categories.items() if c in keep
-                 for q in qs[:args.per_source]]
+        asked = [(f"MT-bench {c} (the target's answers)", q) for c, qs in
+                 prompts_by_category(args.mtbench, args.per_source, args.mtbench_categories).items() for q in qs]
     else:
         asked = [("MT-bench first turns (the target's answers)", q)
                  for q in load_prompts(args.mtbench, args.per_source)]
