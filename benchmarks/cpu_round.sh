@@ -11,6 +11,9 @@
 #                                                     an EAGLE-3.1 round always does)
 #   bash benchmarks/cpu_round.sh release N            copy round N into checkpoints/ and add its scaling point
 #                                                     (TAU=<its T=0 tau from eval>); the model card is edited by hand
+# REVOCAB= (empty) keeps the release's draft vocabulary: re-selecting it from a small subset of the corpus swapped
+# 22 % of its rows and cost MT-bench tau (session 61). Later options override earlier ones: `train N --data A B
+# --max-len 4096 --batch-tokens 4096 --join-to 4096` trains on other data at long positions.
 # INIT (default: the release) is the drafter training starts from; a round from another start (session 55: a fold
 # of the EAGLE-3.1 release) gives release mode BASE_TOKENS, that start's cumulative token-steps.
 # RUN (default $ANCHORSPEC_HOME/runs/smollm2-135m-instruct/VARIANT-rN) holds the run; results go to OUT
@@ -30,7 +33,7 @@ SHIPPED=$RUN/../$VARIANT-r$N-bf16
 case $MODE in
 train)
   anchorspec train --target smollm2-135m-instruct --data corpus/smollm2-135m-instruct --variant "$VARIANT" \
-    --init-from "${INIT:-$RELEASE}" --revocab --order-seed "$N" \
+    --init-from "${INIT:-$RELEASE}" ${REVOCAB---revocab} --order-seed "$N" \
     --max-steps "${STEPS:-1800}" --lr "${LR:-3e-4}" --warmup-ratio 0.03 --ttt-steps 4 --batch-tokens 2048 --max-len 1024 \
     --dtype bfloat16 --threads 2 --heldout 0.02 --eval-every 100000 --eval-heldout 256 --eval-replay 16 \
     --eval-prompts 4 --eval-new-tokens 64 --save-every 100 --out "$RUN" "$@" ;;

@@ -33,13 +33,14 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import DEFAULT_DATA, load_prompts, named_drafters, prompts_by_category, write_results  # noqa: E402
 
+from anchorspec.bench.workloads import expand_workloads, load_workload  # noqa: E402
 from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
 from anchorspec.data.corpus import read_corpus  # noqa: E402
 from anchorspec.data.magpie import id_prefix  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
-from anchorspec.decode.shape import replay  # noqa: E402
+from anchorspec.decode.shape import captured_states, replay  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
 from anchorspec.models.drafter import load_drafter  # noqa: E402
 from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
@@ -92,6 +93,9 @@ def main(argv=None) -> int:
                    help="a row of prompts answered by the target here, as MT-bench's are (JSONL with a 'prompt' "
                         "or 'text' field, e.g. synth-prompts output): how far a candidate prompt source sits from "
                         "MT-bench before its answers are regenerated at scale")
+    p.add_argument("--workloads", default=None, metavar="LIST",
+                   help="also a row per `anchorspec bench` workload (e.g. 'long' or 'long-1k,sum'), first turns "
+                        "answered here: --per-source prompts each")
     p.add_argument("--no-corpus", action="store_true", help="leave out the held-out corpus rows")
     p.add_argument("--answer-tokens", type=int, default=128, help="answer tokens walked (generate's default budget)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
@@ -136,10 +140,16 @@ def main(argv=None) -> int:
             lines = [json.loads(line) for line in f if line.strip()]
         asked += [(f"{name} (the target's answers)", {"text": r.get("prompt", r.get("text"))})
                   for r in lines[:args.per_source]]
+    for name in expand_workloads(args.workloads) if args.workloads else []:
+        prompts = load_workload(name, args.per_source, target.tokenizer, Path(args.mtbench).parents[1],
+                                context=target.model.config.max_position_embeddings, max_new_tokens=args.answer_tokens)
+        asked += [(f"{name} (the target's answers)", {"text": q.turns[0]}) for q in prompts]
     for row, q in tqdm(asked, desc="answers", leave=False):
         ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
         answer = generate_vanilla(target, torch.tensor(ids), gcfg).token_ids
         rows[row].append((ids + answer, len(ids)))
+    # the target's captured states of each answer, once for every drafter (a long prompt's forward is most of a walk)
+    aux_of: dict[int, torch.Tensor] = {}
 
     report = {"dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()),
               "answer_tokens": args.answer_tokens, "rows": {}}
@@ -149,8 +159,12 @@ def main(argv=None) -> int:
         proposer = EagleProposer(drafter)
         for src, answers in rows.items():
             walked = GenerationStats()
-            for seq, start in tqdm(answers, desc=f"{name} {src}", leave=False):
-                walked = walked.merge(replay(target, proposer, torch.tensor(seq), start, DEFAULT_TREE))
+            for k, (seq, start) in enumerate(tqdm(answers, desc=f"{name} {src}", leave=False)):
+                key = id(answers) * 1000 + k
+                if key not in aux_of:
+                    aux_of[key] = captured_states(target, torch.tensor(seq))
+                walked = walked.merge(replay(target, proposer, torch.tensor(seq), start, DEFAULT_TREE,
+                                             aux=aux_of[key]))
             # answer tokens outside the draft vocabulary can never be accepted: a ceiling the data cannot lift
             walked_tokens = torch.cat([torch.tensor(seq[start:]) for seq, start in answers])
             report["rows"].setdefault(src, {"answers": len(answers)})[name] = {

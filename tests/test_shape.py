@@ -12,8 +12,8 @@ from anchorspec.api import attach_drafter
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
 from anchorspec.decode.fallback import TREE_CANDIDATES
 from anchorspec.decode.propose import EagleProposer
-from anchorspec.decode.shape import (accepted_length, estimate_shapes, load_profile_shape, profile_path, replay,
-                                     save_profile, verify_cost)
+from anchorspec.decode.shape import (accepted_length, captured_states, estimate_shapes, load_profile_shape,
+                                     profile_path, replay, save_profile, verify_cost)
 from anchorspec.decode.tree import DraftTree, TreeShape
 from anchorspec.models.drafter import init_drafter, save_drafter
 from helpers import CHAT_WORDS, OracleProposer, save_tiny_chat_target, tiny_target
@@ -52,6 +52,8 @@ def test_replay_equals_real_speculative_decoding(setup, shape):
     for (seq, plen), prompt in zip(_sequences(target), PROMPTS):
         replayed = replay(target, proposer, seq, plen, shape)
         real = generate_speculative(target, proposer, torch.tensor(prompt), GenerationConfig(max_new_tokens=NEW), shape)
+        again = replay(target, proposer, seq, plen, shape, aux=captured_states(target, seq))  # states given: the same
+        assert again.accepted_per_depth == replayed.accepted_per_depth and again.verify_steps == replayed.verify_steps
         assert replayed.verify_steps == real.stats.verify_steps > 0
         assert replayed.accepted_tokens == real.stats.accepted_tokens
         assert replayed.drafted_tokens == real.stats.drafted_tokens

@@ -1,10 +1,12 @@
-"""Training options of issue 15 through the trainer and the CLI: `--draft-layers N` (a multi-layer
-drafter trains, resumes exactly, continues with --init-from, is written with num_hidden_layers)."""
+"""Training options through the trainer and the CLI: `--draft-layers N` (issue 15: a multi-layer drafter trains,
+resumes exactly, continues with --init-from, is written with num_hidden_layers) and `--join-to` (issue 12: long
+multi-turn sequences chained from short conversations)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import pytest
 import torch
@@ -116,3 +118,54 @@ def test_order_seed_changes_the_batch_order_not_the_heldout_split(setup, tmp_pat
     a.run()
     with pytest.raises(AnchorspecError, match="order_seed"):  # the order is the trajectory: --resume keeps it
         Trainer(dataclasses.replace(config(setup, tmp_path / "a"), resume=True, order_seed=7)).run()
+
+
+def test_join_examples_chains_a_share_and_keeps_every_token_and_mask():
+    """`--join-to`: the chained sequences are the chosen examples end to end (ids and loss masks in step), none
+    longer than the limit unless one example alone is; the rest stay as they were; nothing is lost or repeated."""
+    from anchorspec.train.dataset import Example, join_examples
+
+    rng = random.Random(0)
+    examples = []
+    for k in range(40):
+        n = rng.randint(5, 30)
+        examples.append(Example([k * 100 + j for j in range(n)], [int(j >= n // 2) for j in range(n)]))
+    out = join_examples(examples, 64, 0.5, seed=3)
+    joined, alone = out[: len(out) - 20], out[len(out) - 20:]
+    assert all(e in examples for e in alone) and len({id(e) for e in alone}) == 20
+    assert all(len(e.input_ids) <= 64 for e in joined)
+    assert len(joined) < 20  # chained, not copied one by one
+    pieces = {e.input_ids[0]: e for e in examples}
+    seen = []
+    for e in joined:
+        at = 0
+        while at < len(e.input_ids):  # every piece starts at a multiple of 100 (its example's first id)
+            piece = pieces[e.input_ids[at]]
+            n = len(piece.input_ids)
+            assert e.input_ids[at: at + n] == piece.input_ids and e.loss_mask[at: at + n] == piece.loss_mask
+            seen.append(piece.input_ids[0])
+            at += n
+    assert sorted(seen + [e.input_ids[0] for e in alone]) == sorted(pieces)
+    assert join_examples(examples, 64, 0.5, seed=3) == out and join_examples(examples, 64, 0.5, seed=4) != out
+    with pytest.raises(AnchorspecError, match="join-share"):
+        join_examples(examples, 64, 0.0, seed=3)
+
+
+def test_join_to_trains_on_long_sequences_and_keeps_heldout_alone(setup, tmp_path):  # noqa: F811
+    """The trainer chains only training conversations (held-out ones are scored whole and alone, as before), its
+    batches hold sequences past --max-len's single conversations, and --resume refuses another --join-to."""
+    plain = Trainer(config(setup, tmp_path / "a"))
+    joined = Trainer(config(setup, tmp_path / "b", join_to=192, join_share=1.0, batch_tokens=192))
+    assert [plain.examples[i].input_ids for i in plain.held_idx] == [joined.examples[i].input_ids for i in joined.held_idx]
+    longest = max(len(joined.examples[i].input_ids) for i in joined.train_idx)
+    assert longest > max(len(plain.examples[i].input_ids) for i in plain.train_idx) and longest <= 192
+    assert sum(sum(joined.examples[i].loss_mask) for i in joined.train_idx) == \
+        sum(sum(plain.examples[i].loss_mask) for i in plain.train_idx)
+    joined.run()
+    with pytest.raises(AnchorspecError, match="join_to"):
+        Trainer(dataclasses.replace(config(setup, tmp_path / "b", join_to=128, join_share=1.0, batch_tokens=192),
+                                    resume=True)).run()
+    with pytest.raises(AnchorspecError, match="longer than --batch-tokens"):
+        Trainer(config(setup, tmp_path / "c", join_to=256, batch_tokens=192))
+    with pytest.raises(AnchorspecError, match="feature cache"):
+        Trainer(config(setup, tmp_path / "d", join_to=64, feature_cache=str(tmp_path / "fc")))

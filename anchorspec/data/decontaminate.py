@@ -38,6 +38,7 @@ EVAL_SOURCES = (
     ("eagle_eval/sum/question.jsonl", "turns"),
     ("gsm8k/test.jsonl", "question"),
     ("humaneval/HumanEval.jsonl.gz", "prompt"),
+    ("long_context/paul_graham_essays", "text"),  # a folder of .txt documents: the long-context workloads' essays
 )
 
 
@@ -69,6 +70,10 @@ def eval_prompts(data_dir: str | Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for rel, how in EVAL_SOURCES:
         path = root / rel
+        if how == "text":
+            if path.is_dir() and any(path.glob("*.txt")):
+                out[rel] = [p.read_text(encoding="utf-8") for p in sorted(path.glob("*.txt"))]
+            continue
         if not path.is_file():
             continue
         texts = []

@@ -80,12 +80,19 @@ def accepted_length(tree: DraftTree, answer: list[int]) -> int:
 
 
 @torch.inference_mode()
+def captured_states(target: Target, sequence: torch.Tensor) -> torch.Tensor:
+    """The target's captured (aux) states over a whole sequence: what `replay` feeds the drafter."""
+    return target.forward(sequence, torch.arange(sequence.numel()), target.new_cache(), capture_aux=True).aux
+
+
+@torch.inference_mode()
 def replay(target: Target, proposer: EagleProposer, sequence: torch.Tensor, prompt_len: int,
-           shape: TreeShape, roots: list | None = None) -> GenerationStats:
+           shape: TreeShape, roots: list | None = None, aux: torch.Tensor | None = None) -> GenerationStats:
     """Walk one greedy answer with drafts of `shape`: the steps, drafted and accepted tokens that
     greedy speculation would record (draft_s = the drafting time; no verification is run). With
-    `roots`, each step appends (root position, accepted length, the drafted tree) to it."""
-    aux = target.forward(sequence, torch.arange(sequence.numel()), target.new_cache(), capture_aux=True).aux
+    `roots`, each step appends (root position, accepted length, the drafted tree) to it. `aux`: the
+    sequence's `captured_states`, when a caller walks it with several drafters."""
+    aux = captured_states(target, sequence) if aux is None else aux
     proposer.reset()
     stats = GenerationStats()
     pos, fed = prompt_len, 0  # pos: index of the pending (root) token; fed: features given to the proposer

@@ -97,6 +97,33 @@ def keep_fitting(examples, max_len: int, stats: DataStats) -> list[Example]:
     return out
 
 
+def join_examples(examples: list[Example], join_to: int, share: float, seed: int) -> list[Example]:
+    """Long multi-turn sequences out of short examples, so that a drafter trains at positions its data
+    never reaches alone (the corpus stops at 1,024 tokens). In a seeded order, a ``share`` of the examples
+    is chained, each after the last, into sequences of at most ``join_to`` tokens; each keeps its own
+    system turn and loss mask, and the target's soft labels are computed over the whole sequence, so every
+    label is the target's own prediction in that long context. The rest stay alone (positions from 0 keep
+    their weight). Returns the joined sequences, then the examples left alone."""
+    if not 0 < share <= 1:
+        raise AnchorspecError(f"--join-share must be in (0, 1], got {share}")
+    rng = random.Random(seed)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    cut = round(share * len(order))
+    joined: list[Example] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    for i in order[:cut]:
+        e = examples[i]
+        if ids and len(ids) + len(e.input_ids) > join_to:
+            joined.append(Example(ids, mask))
+            ids, mask = [], []
+        ids, mask = ids + e.input_ids, mask + e.loss_mask
+    if ids:
+        joined.append(Example(ids, mask))
+    return joined + [examples[i] for i in order[cut:]]
+
+
 def split_heldout(sequences: list[list[int]], fraction: float, seed: int,
                   minimum: int = 1) -> tuple[list[int], list[int]]:
     """(train indices, held-out indices). An example is held out by a seeded hash of its tokens, not

@@ -43,7 +43,7 @@ from ..data.chat import first_answer
 from ..data.corpus import is_corpus, read_corpus
 from ..data.readers import jsonl_lines
 from .dataset import BatchStream, DataStats, Example, collate, epoch_batches, keep_fitting, read_conversations, \
-    split_heldout, tokenize_conversations
+    join_examples, split_heldout, tokenize_conversations
 from .ttt import compile_loss, ttt_forward
 from .vocab import count_loss_tokens, coverage, head_map, remap_head_rows, select_draft_vocab
 
@@ -51,10 +51,11 @@ from .vocab import count_loss_tokens, coverage, head_map, remap_head_rows, selec
 TRAJECTORY_FIELDS = ("target", "data", "variant", "ttt_steps", "draft_vocab_size", "max_len", "lr", "warmup_ratio",
                      "betas", "weight_decay", "grad_clip", "batch_tokens", "grad_accum", "dtype", "seed", "heldout",
                      "system", "aux_layers", "epochs", "max_steps", "feature_cache", "init_from", "init_head",
-                     "init_layer", "revocab", "draft_layers", "attn_align", "stage", "accept_slots", "order_seed")
+                     "init_layer", "revocab", "draft_layers", "attn_align", "stage", "accept_slots", "order_seed",
+                     "join_to", "join_share")
 # Trajectory fields added later: a run.json written before them ran with these values.
 FIELD_DEFAULTS = {"init_layer": "random", "draft_layers": 1, "attn_align": 0.0, "stage": "distill", "accept_slots": 16,
-                  "order_seed": None}
+                  "order_seed": None, "join_to": None, "join_share": 0.5}
 STAGES = ("distill", "accept")
 DEFAULT_DRAFT_VOCAB = 16384
 
@@ -76,6 +77,8 @@ class TrainConfig:
     stage: str = "distill"  # distill (TTT) | accept (expected accepted length, train/accept.py; needs init_from)
     accept_slots: int = 16  # stage accept: drafted chains scored per sequence
     max_len: int = 2048
+    join_to: int | None = None  # chain training examples into multi-turn sequences of up to this many tokens
+    join_share: float = 0.5  # with join_to: the share of training examples that are chained
     epochs: int | None = None
     max_steps: int | None = None
     lr: float = 1e-4
@@ -127,6 +130,15 @@ class TrainConfig:
                      "eval_new_tokens"):
             if getattr(self, name) < 1:
                 raise AnchorspecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.join_to is not None:
+            if not 0 < self.join_share <= 1:
+                raise AnchorspecError(f"--join-share must be in (0, 1], got {self.join_share}")
+            if self.join_to > self.batch_tokens:
+                raise AnchorspecError(f"--join-to {self.join_to} is longer than --batch-tokens {self.batch_tokens} "
+                                      "(a joined sequence is one row of a micro-batch)")
+            if self.feature_cache:
+                raise AnchorspecError("--join-to makes new sequences the feature cache does not hold; "
+                                      "use online features: drop --feature-cache")
         if self.epochs is not None and self.epochs < 1:
             raise AnchorspecError(f"--epochs must be >= 1, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 1:
@@ -336,6 +348,11 @@ class Trainer:
         self.train_idx, self.held_idx = split_heldout([e.input_ids for e in examples], cfg.heldout, cfg.seed, minimum=2)
         self.train_examples = [examples[i] for i in self.train_idx]
         self.held_examples = [examples[i] for i in self.held_idx]
+        if cfg.join_to:  # after the split: held-out conversations stay whole and alone, as every round scored them
+            self.train_examples = join_examples(self.train_examples, cfg.join_to, cfg.join_share,
+                                                cfg.seed if cfg.order_seed is None else cfg.order_seed)
+            self.train_idx = list(range(len(examples), len(examples) + len(self.train_examples)))
+            self.examples = examples + self.train_examples
         self.cache = None
         self.cache_index = None
         if cfg.feature_cache:
