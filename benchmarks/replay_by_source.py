@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         answer = generate_vanilla(target, torch.tensor(ids), gcfg).token_ids
         rows[row].append((ids + answer, len(ids)))
     # the target's captured states of each answer, once for every drafter (a long prompt's forward is most of a walk)
-    aux_of: dict[int, torch.Tensor] = {}
+    aux_of: dict[tuple[str, int], torch.Tensor] = {}
 
     report = {"dtype": args.dtype, "tree": list(DEFAULT_TREE.__dict__.values()),
               "answer_tokens": args.answer_tokens, "rows": {}}
@@ -160,11 +160,10 @@ def main(argv=None) -> int:
         for src, answers in rows.items():
             walked = GenerationStats()
             for k, (seq, start) in enumerate(tqdm(answers, desc=f"{name} {src}", leave=False)):
-                key = id(answers) * 1000 + k
-                if key not in aux_of:
-                    aux_of[key] = captured_states(target, torch.tensor(seq))
+                if (src, k) not in aux_of:
+                    aux_of[src, k] = captured_states(target, torch.tensor(seq))
                 walked = walked.merge(replay(target, proposer, torch.tensor(seq), start, DEFAULT_TREE,
-                                             aux=aux_of[key]))
+                                             aux=aux_of[src, k]))
             # answer tokens outside the draft vocabulary can never be accepted: a ceiling the data cannot lift
             walked_tokens = torch.cat([torch.tensor(seq[start:]) for seq, start in answers])
             report["rows"].setdefault(src, {"answers": len(answers)})[name] = {

@@ -71,8 +71,9 @@ def eval_prompts(data_dir: str | Path) -> dict[str, list[str]]:
     for rel, how in EVAL_SOURCES:
         path = root / rel
         if how == "text":
-            if path.is_dir() and any(path.glob("*.txt")):
-                out[rel] = [p.read_text(encoding="utf-8") for p in sorted(path.glob("*.txt"))]
+            documents = sorted(path.glob("*.txt")) if path.is_dir() else []
+            if documents:
+                out[rel] = [p.read_text(encoding="utf-8") for p in documents]
             continue
         if not path.is_file():
             continue

@@ -118,7 +118,8 @@ def join_examples(examples: list[Example], join_to: int, share: float, seed: int
         if ids and len(ids) + len(e.input_ids) > join_to:
             joined.append(Example(ids, mask))
             ids, mask = [], []
-        ids, mask = ids + e.input_ids, mask + e.loss_mask
+        ids.extend(e.input_ids)  # a fresh list per sequence (rebound above), never an example's own
+        mask.extend(e.loss_mask)
     if ids:
         joined.append(Example(ids, mask))
     return joined + [examples[i] for i in order[cut:]]
