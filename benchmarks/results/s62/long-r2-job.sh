@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 62: session 61's long-sequence round again, but keeping each release's vocabulary (no --revocab), with both long-document parts (800 answers).
-# Data: 4 greedy corpus parts (a spread) + the long-document part; 30 % of the training conversations chained
+# Data: 4 greedy corpus parts (a spread) + both long-document parts; 30 % of the training conversations chained
 # into multi-turn sequences of up to 4,096 tokens (--join-to). One thread each, side by side.
 set -euo pipefail
 cd /work/main
