@@ -206,21 +206,24 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
     from anchorspec.api import load
     from anchorspec.cli import main
     from anchorspec.errors import AnchorspecError
-    from anchorspec.models.packed import is_packed, pack_linears
+    from anchorspec.models.packed import is_packed, pack_linears, packing_supported
     from helpers import save_tiny_chat_target
 
+    # bf16 where oneDNN packs it; fp32 on a CPU without avx512bw/vl/dq or avx_ne_convert (an AVX2-only Zen3)
+    dtype = torch.bfloat16 if packing_supported(torch.bfloat16, "cpu") else torch.float32
+    name = str(dtype).removeprefix("torch.")
     monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))  # no graph on disk: load compiles it
-    path = save_tiny_chat_target(tmp_path / "t", dtype=torch.bfloat16)
-    engine = load(str(path), dtype="bfloat16", compile=True, pack="on")
+    path = save_tiny_chat_target(tmp_path / "t", dtype=dtype)
+    engine = load(str(path), dtype=name, compile=True, pack="on")
     assert engine.target.compiled and not is_packed(engine.target.model)
     assert engine.target.aot and engine.target.aot_path().is_file()
     example = engine.target._aot_example(rows=2, tokens=3, past=5, kept=4, slots=2, capacity=9)
     assert engine.target.load_graph()(*example)[0].shape[0] == 4  # rows 0..3 of 2 x 3
     text = engine.generate("hello", max_new_tokens=4, speculative=False).token_ids
-    assert text == load(str(path), dtype="bfloat16", pack="on").generate("hello", max_new_tokens=4, speculative=False).token_ids
-    auto = load(str(path), dtype="bfloat16", compile="auto", pack="on")
+    assert text == load(str(path), dtype=name, pack="on").generate("hello", max_new_tokens=4, speculative=False).token_ids
+    auto = load(str(path), dtype=name, compile="auto", pack="on")
     assert auto.target.aot and not is_packed(auto.target.model)
-    assert main(["compile", "--target", str(path), "--dtype", "bfloat16"]) == 0
+    assert main(["compile", "--target", str(path), "--dtype", name]) == 0
     assert str(auto.target.aot_path()) in capsys.readouterr().out
     from transformers import AutoConfig
 
@@ -228,26 +231,26 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
 
     drafter = tmp_path / "d"
     save_drafter(init_drafter(AutoConfig.from_pretrained(path), "eagle3.1", draft_vocab_size=64, seed=1), drafter,
-                 dtype=torch.bfloat16)
-    beside = load(str(path), str(drafter), dtype="bfloat16", compile="auto", pack="on")  # no drafter graph yet
+                 dtype=dtype)
+    beside = load(str(path), str(drafter), dtype=name, compile="auto", pack="on")  # no drafter graph yet
     assert beside.target.aot and not beside.drafter.compiled and is_packed(beside.drafter)
     # generate's auto compiles what is missing (here the drafter's graph) once prompts x max tokens repay it
     monkeypatch.setattr(anchorspec.api, "COMPILE_PAYS_AT", 6)
-    run = ["generate", "--target", str(path), "--drafter", str(drafter), "--dtype", "bfloat16", "--prompt", "hello"]
+    run = ["generate", "--target", str(path), "--drafter", str(drafter), "--dtype", name, "--prompt", "hello"]
     assert main(run + ["--max-new-tokens", "5"]) == 0 and not beside.drafter.aot_path().exists()
     assert main(run + ["--max-new-tokens", "6"]) == 0 and beside.drafter.aot_path().is_file()
     assert "6 new tokens asked for" not in capsys.readouterr().err  # the target's graph was there already
-    assert main(["compile", "--target", str(path), "--drafter", str(drafter), "--dtype", "bfloat16"]) == 0
+    assert main(["compile", "--target", str(path), "--drafter", str(drafter), "--dtype", name]) == 0
     assert "the pass graph of the drafter" in capsys.readouterr().out
-    both = load(str(path), str(drafter), dtype="bfloat16", compile="auto", pack="on", fallback=False)
+    both = load(str(path), str(drafter), dtype=name, compile="auto", pack="on", fallback=False)
     assert both.target.aot and both.drafter.aot and not is_packed(both.drafter)
     assert both.generate("hello", max_new_tokens=6).stats.verify_steps > 0 and both.drafter.compiles == 1  # loaded
-    other = save_tiny_chat_target(tmp_path / "other", dtype=torch.bfloat16, seed=3)  # no graph on disk for it
-    fresh = load(str(other), dtype="bfloat16", compile="auto", pack="on", expected_tokens=5)
+    other = save_tiny_chat_target(tmp_path / "other", dtype=dtype, seed=3)  # no graph on disk for it
+    fresh = load(str(other), dtype=name, compile="auto", pack="on", expected_tokens=5)
     assert not fresh.target.compiled and is_packed(fresh.target.model)
     with pytest.raises(AnchorspecError, match="compile must be"):
         load(str(path), compile="yes")
-    packed = tiny_target("llama", dtype=torch.bfloat16)
+    packed = tiny_target("llama", dtype=dtype)
     pack_linears(packed.model)
     with pytest.raises(AnchorspecError, match="stock weights"):
         packed.compile()

@@ -108,6 +108,51 @@ def test_real_probe_is_short_and_complete(one_thread):
     assert all(set(v) == {"1", "2", "16"} and all(t > 0 for t in v.values()) for v in seconds.values())
 
 
+def test_a_cpu_that_cannot_pack_bf16_is_probed_without_it(home, monkeypatch):
+    """oneDNN's bf16 reorder raises on a CPU without avx512bw/vl/dq or avx_ne_convert (an AVX2-only
+    Zen3: `--dtype auto` crashed there). packing_supported must say no, the probe must time the rest,
+    and `--dtype auto` must still choose."""
+    from anchorspec.models import packed
+
+    real = torch.ops.mkldnn._reorder_linear_weight
+
+    class Ops:  # torch.ops.mkldnn as such a CPU has it: bf16 refused, fp32 packed as usual
+        @staticmethod
+        def _reorder_linear_weight(weight, rows):
+            if weight.dtype == torch.bfloat16:
+                raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert "
+                                   "or avx512bw, avx512vl and avx512dq")
+            return real(weight, rows)
+
+        _linear_pointwise = torch.ops.mkldnn._linear_pointwise
+
+    monkeypatch.setattr(packed.torch.ops, "mkldnn", Ops)
+    packed._cpu_packs.cache_clear()
+    try:
+        assert not dt.packing_supported(torch.bfloat16, "cpu")
+        assert dt.packing_supported(torch.float32, "cpu")
+        seconds = dt.probe_gemms(64, 256)
+        assert set(seconds) == {"float32", "bfloat16", "float32_packed"}
+        assert dt.resolve_dtype("auto", "cpu", (64, 256)) in (torch.float32, torch.bfloat16)
+        assert dt.resolve_packing("on", torch.bfloat16, "cpu", (64, 256)) is False
+    finally:
+        packed._cpu_packs.cache_clear()
+    assert dt.packing_supported(torch.float32, "cpu")
+
+
+def test_packing_supported_says_what_packing_does_here():
+    """No dtype is called packable that fails to pack on this CPU, and none refused that packs."""
+    from anchorspec.models.packed import pack_weight, packed_linear
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        try:
+            packed_linear(torch.ones(2, 16, dtype=dtype), pack_weight(torch.ones(8, 16, dtype=dtype)), None, 8)
+            works = True
+        except RuntimeError:
+            works = False
+        assert dt.packing_supported(dtype, "cpu") is works, dtype
+
+
 def test_concurrent_probes_settle_on_the_first_verdict(home):
     """Two processes (DDP ranks) probing at once must compute in the same dtype: the first verdict written wins."""
     def probe_while_another_process_writes(hidden, intermediate):

@@ -27,6 +27,8 @@ every `weight` (read for its dtype, and saved) beside the packed copy."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -34,9 +36,23 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def packing_supported(dtype: torch.dtype, device) -> bool:
-    """oneDNN can prepack linear weights of this dtype on this device."""
+    """oneDNN can prepack linear weights of this dtype on this device, on this CPU."""
     return (torch.device(device).type == "cpu" and dtype in PACKABLE_DTYPES
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and _cpu_packs(dtype))
+
+
+@functools.cache
+def _cpu_packs(dtype: torch.dtype) -> bool:
+    """Packing a small weight of `dtype` and multiplying with it works here. oneDNN's reduced-precision
+    reorder needs CPU features (bf16: avx512bw/vl/dq or avx_ne_convert) and raises without them, as on
+    an AVX2-only Zen3; trying it is the one check that stays right as oneDNN's requirements change."""
+    try:
+        weight = torch.ones(4, 8, dtype=dtype)
+        packed_linear(torch.ones(1, 8, dtype=dtype), torch.ops.mkldnn._reorder_linear_weight(weight, 1), None, 4)
+        return True
+    except RuntimeError:
+        return False
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
