@@ -206,12 +206,12 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
     from anchorspec.api import load
     from anchorspec.cli import main
     from anchorspec.errors import AnchorspecError
-    from anchorspec.models.packed import is_packed, pack_linears, packing_supported
+    from anchorspec.models.dtype import dtype_name
+    from anchorspec.models.packed import is_packed, pack_linears
     from helpers import save_tiny_chat_target
+    from test_packed import PACK_DTYPE as dtype  # bf16 where oneDNN packs it here, else fp32
 
-    # bf16 where oneDNN packs it; fp32 on a CPU without avx512bw/vl/dq or avx_ne_convert (an AVX2-only Zen3)
-    dtype = torch.bfloat16 if packing_supported(torch.bfloat16, "cpu") else torch.float32
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))  # no graph on disk: load compiles it
     path = save_tiny_chat_target(tmp_path / "t", dtype=dtype)
     engine = load(str(path), dtype=name, compile=True, pack="on")

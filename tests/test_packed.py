@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.tree import TreeShape
+from anchorspec.models.dtype import dtype_name
 from anchorspec.models.packed import FusedSibling, PackedLinear, pack_linears, packing_supported
 from anchorspec.models.target import Target, load_target
 from helpers import FAMILIES, OracleProposer, save_tiny_chat_target, tiny_target
@@ -129,7 +130,7 @@ def test_a_fused_sibling_is_its_own_linear_layer_whatever_the_call_order(dtype, 
 
 
 def test_load_target_packs_when_asked(tmp_path, monkeypatch):
-    name = str(PACK_DTYPE).removeprefix("torch.")
+    name = dtype_name(PACK_DTYPE)
     path = save_tiny_chat_target(tmp_path / "t", dtype=PACK_DTYPE)
     packed = load_target(str(path), name, pack="on")
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())

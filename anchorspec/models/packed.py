@@ -48,8 +48,7 @@ def _cpu_packs(dtype: torch.dtype) -> bool:
     reorder needs CPU features (bf16: avx512bw/vl/dq or avx_ne_convert) and raises without them, as on
     an AVX2-only Zen3; trying it is the one check that stays right as oneDNN's requirements change."""
     try:
-        weight = torch.ones(4, 8, dtype=dtype)
-        packed_linear(torch.ones(1, 8, dtype=dtype), torch.ops.mkldnn._reorder_linear_weight(weight, 1), None, 4)
+        packed_linear(torch.ones(1, 8, dtype=dtype), pack_weight(torch.ones(4, 8, dtype=dtype)), None, 4)
         return True
     except RuntimeError:
         return False
