@@ -12,6 +12,10 @@ every run starts as a fresh machine does.
 Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
 tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
 and fallback switches. CPU model, flags, torch version, threads and dtype go with the figures.
+The default stream's record says why it drafted what it did: per prompt, the estimates its shape was
+chosen on (tau, cost and speedup of each candidate) and every step as its monitor observed it ("trace");
+the summary prices each shape it drafted from those steps against the plain loop's ("realised"), the
+figures the estimates predict.
 `--plain-twice` runs the plain loop a second time as its own method ("plain again"): its per-prompt
 ratios over "plain" are the noise floor the other methods' slowest prompt is read against (a method
 that cannot be slower than plain still shows its slowest prompt at about that floor).
@@ -83,6 +87,18 @@ def main(argv=None) -> int:
         methods = {"hf": (stock, None), **methods}
     print(f"dtype {default.target.dtype}, threads {args.threads}; default shape {default.shape} ({default.shape_source})",
           flush=True)
+    steps: list[dict] = []  # the default stream's steps, as its monitor observed them (row "trace")
+    observe = default.monitor.observe_step if default.monitor is not None else None
+
+    def traced(kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None, top_depth=None,
+               shape=None):
+        steps.append({"kind": kind, "tokens": tokens, "depth": depth, "accepted": accepted, "step_s": step_s,
+                      "draft_s": draft_s, "catch_up": catch_up,
+                      "shape": shape_key(shape) if shape is not None else None})
+        observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape)
+
+    if observe is not None:
+        default.monitor.observe_step = traced
     chains_only_shape = None  # the chain that engine drafts with, kept unless another is clearly faster
     rows: dict[str, list[dict]] = {name: [] for name in methods}
     for i, prompt in enumerate(prompts):
@@ -101,12 +117,22 @@ def main(argv=None) -> int:
             sampling = {"temperature": args.temperature, "seed": i} if args.temperature > 0 else {}
             drafts = eng.monitor is not None and kwargs.get("speculative", True)
             shape = kwargs.get("shape") or (eng.shape_for(SamplingParams(args.temperature)) if drafts else None)
+            # what the stream chose its shape on: each candidate's expected tau, cost over a plain step and rank
+            estimates = eng.monitor.estimates() if drafts and eng.monitor.calibrated else None
+            steps.clear()
             res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **sampling, **kwargs)
             stats = res.stats
             rows[name].append({"id": prompt["id"], "tok_s": len(res.token_ids) / seconds,
                                "shape": shape_key(shape) if shape is not None else None,
                                "tau": stats.tau if stats.verify_steps else None,
-                               "switches": stats.fallback_switches, "tokens": res.token_ids})
+                               "switches": stats.fallback_switches, "explored": stats.explored_steps,
+                               # the realised costs, against which the estimates can be checked
+                               "steps": stats.target_forwards, "verify_steps": stats.verify_steps,
+                               "seconds": {"prefill": stats.prefill_s, "draft": stats.draft_s,
+                                           "verify": stats.verify_s, "total": stats.total_s},
+                               "estimates": estimates, "tokens": res.token_ids})
+            if eng is default and not kwargs:
+                rows[name][-1]["trace"] = list(steps)
         print(i, {n: (round(r[-1]["tok_s"], 1), r[-1].get("shape")) for n, r in rows.items()}, flush=True)
     summary = {}
     for name, rs in rows.items():
@@ -130,9 +156,35 @@ def main(argv=None) -> int:
     if default.monitor is not None:
         m = default.monitor
         summary["default_monitor"] = {"trees": m.trees, "tree_ratio": {k: m.tree_ratio(TreeShape.parse(k)) for k in m.trees},
-                                      "acceptance": [m.acceptance(d) for d in range(1, 7)]}
+                                      "acceptance": [m.acceptance(d) for d in range(1, 7)],
+                                      "realised": realised_by_shape(rows["default"], rows["plain"])}
+        for key, r in summary["default_monitor"]["realised"].items():
+            print(f"default's steps drafted {key:8s}: {r['steps']:5d} steps, tau {r['tau']:.2f}, "
+                  f"{r['step_ms']:.1f} ms a step ({r['draft_ms']:.1f} drafting) = {r['cost']:.2f} plain steps, "
+                  f"{r['speedup']:.2f}x plain")
     write_results(args.out, args, {"summary": summary, "rows": rows})
     return 0
+
+
+def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dict[str, float]]:
+    """What the default stream's steps (row "trace") cost and yielded, per shape drafted (explored steps under
+    their own shape), against a step of the plain loop (`plain_rows`: its decoding time per token after the
+    prefill, median over prompts): the figures its estimates (row "estimates") predict. Steps right after a
+    plain stretch (catch_up) are left out, as the monitor leaves out their drafting time."""
+    steps = [s for row in rows for s in row.get("trace", ())]
+    plain_s = median([(r["seconds"]["total"] - r["seconds"]["prefill"]) / (len(r["tokens"]) - 1)
+                      for r in plain_rows if len(r["tokens"]) > 1])
+    out = {}
+    for key in sorted({s["shape"] for s in steps if s["kind"] == "speculative"}):
+        mine = [s for s in steps if s["kind"] == "speculative" and s["shape"] == key and not s["catch_up"]]
+        if not mine:
+            continue
+        tau = statistics.fmean(s["accepted"] + 1 for s in mine)
+        step_s = median([s["step_s"] for s in mine])
+        out[key] = {"steps": len(mine), "tau": tau, "step_ms": 1e3 * step_s,
+                    "draft_ms": 1e3 * median([s["draft_s"] for s in mine]),
+                    "cost": step_s / plain_s, "speedup": tau * plain_s / step_s}
+    return out
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoConfig
 
@@ -41,3 +42,16 @@ def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
     assert all(row["shape"] is None for row in body["rows"]["plain again"])
     assert all(row["shape"] == "2,2,4" for row in body["rows"]["2,2,4"])
     assert all(row["shape"].startswith("1,") for row in body["rows"]["chains-only"])
+    for row in body["rows"]["default"]:  # the realised costs, and the estimates the shape was chosen on
+        seconds = row["seconds"]
+        assert seconds["total"] >= seconds["draft"] + seconds["verify"] > 0
+        if row["shape"] is not None:
+            assert row["shape"] in row["estimates"] and row["estimates"][row["shape"]]["rank"] > 0
+        trace = row["trace"]  # every step after the prefill, as the monitor saw it
+        assert trace and {step["kind"] for step in trace} <= {"plain", "speculative"}
+        assert sum(step["accepted"] + 1 for step in trace) >= len(row["tokens"]) - 1
+    assert all("trace" not in row for row in body["rows"]["2,2,4"])
+    realised = body["summary"]["default_monitor"]["realised"]  # per shape drafted, against the plain loop's step
+    drafted = {step["shape"] for row in body["rows"]["default"] for step in row["trace"] if step["kind"] == "speculative"}
+    assert realised and set(realised) <= drafted
+    assert all(r["cost"] > 0 and r["speedup"] == pytest.approx(r["tau"] / r["cost"]) for r in realised.values())
