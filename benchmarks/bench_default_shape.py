@@ -14,8 +14,8 @@ tokens/s, median and mean per-prompt speed over the plain loop (and over HF), th
 and fallback switches. CPU model, flags, torch version, threads and dtype go with the figures.
 The default stream's record says why it drafted what it did: per prompt, the estimates its shape was
 chosen on (tau, cost and speedup of each candidate) and every step as its monitor observed it ("trace");
-the summary prices each shape it drafted from those steps against the plain loop's ("realised"), the
-figures the estimates predict.
+the summary prices each shape it drafted from those steps against the plain loop's ("realised"), beside
+what the estimates predicted for the same steps ("estimated").
 `--plain-twice` runs the plain loop a second time as its own method ("plain again"): its per-prompt
 ratios over "plain" are the noise floor the other methods' slowest prompt is read against (a method
 that cannot be slower than plain still shows its slowest prompt at about that floor).
@@ -159,9 +159,12 @@ def main(argv=None) -> int:
                                       "acceptance": [m.acceptance(d) for d in range(1, 7)],
                                       "realised": realised_by_shape(rows["default"], rows["plain"])}
         for key, r in summary["default_monitor"]["realised"].items():
+            est = r.get("estimated")
             print(f"default's steps drafted {key:8s}: {r['steps']:5d} steps, tau {r['tau']:.2f}, "
                   f"{r['step_ms']:.1f} ms a step ({r['draft_ms']:.1f} drafting) = {r['cost']:.2f} plain steps, "
-                  f"{r['speedup']:.2f}x plain")
+                  f"{r['speedup']:.2f}x plain"
+                  + (f" (estimated: tau {est['tau']:.2f}, {est['cost']:.2f} plain steps, {est['speedup']:.2f}x)"
+                     if est else ""))
     write_results(args.out, args, {"summary": summary, "rows": rows})
     return 0
 
@@ -170,7 +173,8 @@ def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dic
     """What the default stream's steps (row "trace") cost and yielded, per shape drafted (explored steps under
     their own shape), against a step of the plain loop (`plain_rows`: its decoding time per token after the
     prefill, median over prompts): the figures its estimates (row "estimates") predict. Steps right after a
-    plain stretch (catch_up) are left out, as the monitor leaves out their drafting time."""
+    plain stretch (catch_up) are left out, as the monitor leaves out their drafting time. "estimated" is what
+    the estimates said of the same steps: each prompt's figures for the shape, weighted by its steps of it."""
     steps = [s for row in rows for s in row.get("trace", ())]
     plain_s = median([(r["seconds"]["total"] - r["seconds"]["prefill"]) / (len(r["tokens"]) - 1)
                       for r in plain_rows if len(r["tokens"]) > 1])
@@ -184,6 +188,15 @@ def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dic
         out[key] = {"steps": len(mine), "tau": tau, "step_ms": 1e3 * step_s,
                     "draft_ms": 1e3 * median([s["draft_s"] for s in mine]),
                     "cost": step_s / plain_s, "speedup": tau * plain_s / step_s}
+        # what the estimates predicted for these steps: each prompt's estimate of the shape, weighted by the
+        # steps that prompt drafted with it (a prompt's shape can change mid-answer)
+        weighted = [(sum(s["kind"] == "speculative" and s["shape"] == key and not s["catch_up"]
+                         for s in row.get("trace", ())), row["estimates"][key])
+                    for row in rows if key in (row.get("estimates") or {})]
+        total = sum(n for n, _ in weighted)
+        if total:
+            out[key]["estimated"] = {name: sum(n * est[name] for n, est in weighted) / total
+                                     for name in ("tau", "cost", "speedup")}
     return out
 
 

@@ -55,3 +55,23 @@ def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
     drafted = {step["shape"] for row in body["rows"]["default"] for step in row["trace"] if step["kind"] == "speculative"}
     assert realised and set(realised) <= drafted
     assert all(r["cost"] > 0 and r["speedup"] == pytest.approx(r["tau"] / r["cost"]) for r in realised.values())
+
+
+def test_realised_shapes_carry_what_their_prompts_estimated():
+    def step(shape, accepted, step_s=0.02, catch_up=False):
+        return {"kind": "speculative", "shape": shape, "accepted": accepted, "step_s": step_s, "draft_s": 0.005,
+                "catch_up": catch_up}
+
+    plain = [{"seconds": {"total": 1.1, "prefill": 0.1}, "tokens": list(range(101))}]  # 10 ms a token
+    rows = [  # prompt A: one counted step of 1,2,3 (a catch-up step is not counted); prompt B: three
+        {"trace": [step("1,2,3", 1), step("1,2,3", 2, catch_up=True)],
+         "estimates": {"1,2,3": {"tau": 2.0, "cost": 1.0, "speedup": 2.0}}},
+        {"trace": [step("1,2,3", 2)] * 3 + [step("1,1,2", 1)],
+         "estimates": {"1,2,3": {"tau": 3.0, "cost": 1.5, "speedup": 2.0}}},  # no estimate of 1,1,2 here
+    ]
+    got = bench_default_shape.realised_by_shape(rows, plain)
+    assert got["1,2,3"]["steps"] == 4 and got["1,2,3"]["tau"] == pytest.approx((2 + 3 * 3) / 4)
+    assert got["1,2,3"]["cost"] == pytest.approx(2.0)  # 20 ms against the plain loop's 10
+    assert got["1,2,3"]["estimated"] == pytest.approx({"tau": (2.0 + 3 * 3.0) / 4, "cost": (1.0 + 3 * 1.5) / 4,
+                                                       "speedup": 2.0})
+    assert "estimated" not in got["1,1,2"]  # no prompt estimated it
