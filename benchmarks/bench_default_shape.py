@@ -175,12 +175,15 @@ def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dic
     prefill, median over prompts): the figures its estimates (row "estimates") predict. Steps right after a
     plain stretch (catch_up) are left out, as the monitor leaves out their drafting time. "estimated" is what
     the estimates said of the same steps: each prompt's figures for the shape, weighted by its steps of it."""
+    def counted(step: dict, key: str) -> bool:  # a speculative step of shape `key` whose costs are its own
+        return step["kind"] == "speculative" and step["shape"] == key and not step["catch_up"]
+
     steps = [s for row in rows for s in row.get("trace", ())]
     plain_s = median([(r["seconds"]["total"] - r["seconds"]["prefill"]) / (len(r["tokens"]) - 1)
                       for r in plain_rows if len(r["tokens"]) > 1])
     out = {}
     for key in sorted({s["shape"] for s in steps if s["kind"] == "speculative"}):
-        mine = [s for s in steps if s["kind"] == "speculative" and s["shape"] == key and not s["catch_up"]]
+        mine = [s for s in steps if counted(s, key)]
         if not mine:
             continue
         tau = statistics.fmean(s["accepted"] + 1 for s in mine)
@@ -190,8 +193,7 @@ def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dic
                     "cost": step_s / plain_s, "speedup": tau * plain_s / step_s}
         # what the estimates predicted for these steps: each prompt's estimate of the shape, weighted by the
         # steps that prompt drafted with it (a prompt's shape can change mid-answer)
-        weighted = [(sum(s["kind"] == "speculative" and s["shape"] == key and not s["catch_up"]
-                         for s in row.get("trace", ())), row["estimates"][key])
+        weighted = [(sum(counted(s, key) for s in row.get("trace", ())), row["estimates"][key])
                     for row in rows if key in (row.get("estimates") or {})]
         total = sum(n for n, _ in weighted)
         if total:
