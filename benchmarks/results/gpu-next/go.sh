@@ -5,12 +5,12 @@
 #   - the next round of BOTH variants (N31, N3) from their releases on the greedy corpus plus the T=1 folder: the same data,
 #     batch order, seed and step count (train_gpu.sh), so the two are compared on equal terms.
 # Back in $OUT: summary.txt, tests logs, twins.jsonl.xz, drafters.tar.xz.NN (cat | tar -xJ: r$N31-eagle3.1/, r$N3-eagle3/).
-# Env: BUDGET (seconds from the start), TWIN_BATCH, N31 and N3 (the rounds' numbers: 20 and 18 after session 59, where
-# the names r19 (EAGLE-3.1) and r17 (EAGLE-3) went to CPU rounds); for a dry run on a CPU host: DEVICE=cpu ROOT=/tmp/x OUT=/tmp/x/out
+# Env: BUDGET (seconds from the start), TWIN_BATCH, N31 and N3 (the rounds' numbers: 24 and 21 after session 66, where
+# the names up to r23 (EAGLE-3.1) and r20 (EAGLE-3) went to CPU rounds); for a dry run on a CPU host: DEVICE=cpu ROOT=/tmp/x OUT=/tmp/x/out
 # SKIP_TESTS=1 (and BATCH, PROBE for train_gpu.sh).
 T0=$(date +%s); HERE=$(cd "$(dirname "$0")" && pwd); ROOT=${ROOT:-/root}; DEVICE=${DEVICE:-cuda}
 S=$ROOT/stage; R=$ROOT/data; export DEVICE
-export N31=${N31:-20} N3=${N3:-18} ANCHORSPEC_HOME=$ROOT/ah PYTHONPATH=$ROOT/site:$PWD PYTHONUNBUFFERED=1 XZ_OPT="-T0 -4"
+export N31=${N31:-24} N3=${N3:-21} ANCHORSPEC_HOME=$ROOT/ah PYTHONPATH=$ROOT/site:$PWD PYTHONUNBUFFERED=1 XZ_OPT="-T0 -4"
 mkdir -p $S $ROOT/site $R $OUT && cp "$HERE"/payload.tar.xz.* $S/ 2>/dev/null
 cat $S/payload.tar.xz.* | xz -dc | tar -x -C $ROOT || { echo "payload incomplete: $(ls $S)"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target $ROOT/site $ROOT/site/gguf-*.whl
@@ -28,7 +28,9 @@ timeout -s INT $(( END - $(date +%s) )) python3 -m anchorspec regenerate --targe
   --data $R/smollm2-135m-instruct --skip-packed $R/smollm2-135m-instruct-t1 --out $ROOT/twins.jsonl \
   --temperature 1 --seed 53 --max-new-tokens 256 --max-prompt-tokens 512 --batch-size ${TWIN_BATCH:-512} \
   --device $DEVICE --threads 4 > $ROOT/twins.log 2>&1 &
-DATA="$R/smollm2-135m-instruct $R/smollm2-135m-instruct-t1" RUNS=$ROOT/runs DEADLINE=$END INITS=$R \
+# long documents at up to 4,096 positions, 30 % of conversations chained: round 22's long-context gain must not be lost
+DATA="$R/smollm2-135m-instruct $R/smollm2-135m-instruct-t1 $R/smollm2-135m-instruct-long" MAXLEN=${MAXLEN:-4096} \
+  JOIN=${JOIN-4096} RUNS=$ROOT/runs DEADLINE=$END INITS=$R \
   bash "$HERE/train_gpu.sh" 2>&1 | tee -a $OUT/summary.txt
 wait
 { echo "== twins: $(wc -l < $ROOT/twins.jsonl) answers"; tr '\r' '\n' < $ROOT/twins.log | grep -v '^\s*$' | tail -3

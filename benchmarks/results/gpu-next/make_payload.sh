@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next GPU round under today's device limits (15 minutes of device time a session, 64 MiB a call for the
 # tree plus what is carried, no network there): everything the machine needs goes as ONE tarball (the target's
-# GGUF, the corpus with its T=1 folder, both releases to continue, the gguf wheel), split into chunks that
+# GGUF, the corpus with its T=1 and long folders, both releases to continue, the gguf wheel), split into chunks that
 # travel in consecutive calls inside the machine's 30 s warm window.
 #   1. bash benchmarks/results/gpu-next/make_payload.sh    (.dev1/ .. .devN/, git-ignored; prints the calls)
 #   2. move checkpoints/ corpus/ benchmarks/results/* (but gpu-next) out of the tree (~2 MB left)
@@ -16,7 +16,7 @@ G=$(python -c "from anchorspec.models.hub import alias_gguf; print(alias_gguf('s
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/p/data" "$W/p/site"
 cp "$G" "$W/p/target.gguf"; sha256sum "$G" | cut -c1-64 > "$W/p/target.gguf.sha256"
-cp -r corpus/smollm2-135m-instruct corpus/smollm2-135m-instruct-t1 "$W/p/data/"
+cp -r corpus/smollm2-135m-instruct corpus/smollm2-135m-instruct-t1 corpus/smollm2-135m-instruct-long "$W/p/data/"
 for v in eagle3.1 eagle3; do cp -r checkpoints/smollm2-135m-instruct-$v "$W/p/data/init-$v"; done
 pip download -q --no-deps gguf==0.19.0 -d "$W/p/site"
 tar -C "$W/p" -cf - . | xz -6 -T2 > "$W/payload.tar.xz"

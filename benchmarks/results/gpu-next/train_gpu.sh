@@ -4,11 +4,12 @@
 # step count. A 10-step probe of one run sizes the steps to the time left before DEADLINE (epoch seconds), with room
 # for two runs and the data job sharing the GPU. Run from the repository root. Env: DATA, RUNS, DEADLINE; DEVICE (cuda; cpu for a dry run), BATCH (tokens a step), LR,
 # PROBE (steps), HELDOUT (held-out conversations scored), SHARE (fraction of the probe's speed each run is assumed to keep), INITS (folder of init-*),
-# N31, N3 (the round numbers; go.sh sets them).
+# N31, N3 (the round numbers; go.sh sets them), MAXLEN (positions), JOIN (chain conversations into sequences of up to
+# JOIN tokens, a JOIN_SHARE of them: what taught round 22 long context; empty: none).
 set -euo pipefail
 : "${DATA:?corpus folders}" "${RUNS:?output root}" "${DEADLINE:?epoch seconds}" "${N31:?round number}" "${N3:?round number}"
 DEVICE=${DEVICE:-cuda} BATCH=${BATCH:-32768} LR=${LR:-4e-4} PROBE=${PROBE:-10} SHARE=${SHARE:-0.55}
-INITS=${INITS:-/root/data} MAXLEN=${MAXLEN:-1024} HELDOUT=${HELDOUT:-256}
+INITS=${INITS:-/root/data} MAXLEN=${MAXLEN:-1024} HELDOUT=${HELDOUT:-256} JOIN=${JOIN:-} JOIN_SHARE=${JOIN_SHARE:-0.3}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 train() {  # variant name steps eval-every log-every
   # shellcheck disable=SC2086  # DATA is a list of folders
@@ -16,7 +17,7 @@ train() {  # variant name steps eval-every log-every
     --init-from "$INITS/init-$1" --revocab --max-steps "$3" --ttt-steps 4 --max-len "$MAXLEN" \
     --batch-tokens "$BATCH" --lr "$LR" --warmup-ratio 0.03 --dtype bfloat16 --seed 0 --order-seed 19 \
     --eval-every "$4" --save-every 100 --log-every "$5" --eval-prompts 0 --eval-replay 0 --eval-heldout "$HELDOUT" \
-    --compile-loss off --device "$DEVICE" --no-progress
+    --compile-loss off --device "$DEVICE" --no-progress ${JOIN:+--join-to "$JOIN" --join-share "$JOIN_SHARE"}
 }
 mkdir -p "$RUNS"
 t0=$(date +%s)
