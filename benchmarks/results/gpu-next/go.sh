@@ -5,12 +5,12 @@
 #   - the next round of BOTH variants (N31, N3) from their releases on the greedy corpus plus the T=1 folder: the same data,
 #     batch order, seed and step count (train_gpu.sh), so the two are compared on equal terms.
 # Back in $OUT: summary.txt, tests logs, twins.jsonl.xz, drafters.tar.xz.NN (cat | tar -xJ: r$N31-eagle3.1/, r$N3-eagle3/).
-# Env: BUDGET (seconds from the start), TWIN_BATCH, N31 and N3 (the rounds' numbers: 24 and 21 after session 66, where
-# the names up to r23 (EAGLE-3.1) and r20 (EAGLE-3) went to CPU rounds); for a dry run on a CPU host: DEVICE=cpu ROOT=/tmp/x OUT=/tmp/x/out
+# Env: BUDGET (seconds from the start), TWIN_BATCH, N31 and N3 (the rounds' numbers: 25 and 21 after session 66, where
+# the names up to r24 (EAGLE-3.1) and r20 (EAGLE-3) went to CPU rounds); for a dry run on a CPU host: DEVICE=cpu ROOT=/tmp/x OUT=/tmp/x/out
 # SKIP_TESTS=1 (and BATCH, PROBE for train_gpu.sh).
 T0=$(date +%s); HERE=$(cd "$(dirname "$0")" && pwd); ROOT=${ROOT:-/root}; DEVICE=${DEVICE:-cuda}
 S=$ROOT/stage; R=$ROOT/data; export DEVICE
-export N31=${N31:-24} N3=${N3:-21} ANCHORSPEC_HOME=$ROOT/ah PYTHONPATH=$ROOT/site:$PWD PYTHONUNBUFFERED=1 XZ_OPT="-T0 -4"
+export N31=${N31:-25} N3=${N3:-21} ANCHORSPEC_HOME=$ROOT/ah PYTHONPATH=$ROOT/site:$PWD PYTHONUNBUFFERED=1 XZ_OPT="-T0 -4"
 mkdir -p $S $ROOT/site $R $OUT && cp "$HERE"/payload.tar.xz.* $S/ 2>/dev/null
 cat $S/payload.tar.xz.* | xz -dc | tar -x -C $ROOT || { echo "payload incomplete: $(ls $S)"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target $ROOT/site $ROOT/site/gguf-*.whl
