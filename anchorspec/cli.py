@@ -391,7 +391,7 @@ def cmd_regenerate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .data.corpus import is_corpus
+    from .data.corpus import corpus_parts, is_corpus
     from .allocator import active_allocator, check_mode, keep_freed_memory
     from .train.trainer import TrainConfig, Trainer
 
@@ -411,6 +411,8 @@ def cmd_train(args) -> int:
     for path in args.data:
         if path != "sharegpt" and not Path(path).is_file() and not is_corpus(path):
             raise AnchorspecError(f"data {path} is neither a file nor a corpus folder (part-*.npz)")
+        if is_corpus(path):
+            corpus_parts(path)  # a selection naming a part the folder lacks fails here, before the target loads
     if args.init_from and not (Path(args.init_from) / "config.json").is_file():
         raise AnchorspecError(f"--init-from {args.init_from} is not a drafter directory (no config.json)")
     _set_threads(args.threads)
@@ -916,7 +918,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(t)
     t.add_argument("--data", required=True, nargs="+",
                    help="conversations: 'sharegpt', ShareGPT JSON, messages JSONL (e.g. from `anchorspec regenerate`), "
-                        "or a corpus folder of token-id parts (`anchorspec pack-corpus`)")
+                        "or a corpus folder of token-id parts (`anchorspec pack-corpus`; FOLDER:0004,0032-0038 takes "
+                        "only those parts)")
     t.add_argument("--out", required=True, help="run directory: best/, final/, checkpoints/, metrics.jsonl, training.png")
     t.add_argument("--init-from", metavar="DRAFTER_DIR",
                    help="continue from this drafter (its weights, variant and draft vocabulary) with new data "

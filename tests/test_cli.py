@@ -138,6 +138,16 @@ def test_bad_values_name_the_flag(argv, message, capsys, no_model_loads):
     assert len(err.strip().splitlines()) == 1 and message in err, err
 
 
+def test_train_refuses_a_selection_of_missing_parts_before_the_model_loads(tmp_path, capsys, no_model_loads):
+    from anchorspec.data.corpus import write_part
+
+    write_part(tmp_path, [([1], [1])], vocab_size=96, provenance={})
+    code, out, err = run(["train", "--target", "t", "--data", f"{tmp_path}:0000,0007", "--out", str(tmp_path / "o"),
+                          "--max-steps", "1"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("anchorspec: error:")]
+    assert code == 2 and out == "" and len(errors) == 1 and errors[0].endswith("has no part 0007"), err
+
+
 def test_command_checks_run_before_the_model_loads(tmp_path, capsys, no_model_loads):
     code, _, err = run(["generate", "--target", "smollm2-135m-instruct", "--drafter", str(tmp_path / "none"),
                         "--prompt", "x"], capsys)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from anchorspec.data.corpus import corpus_summary, is_corpus, pack_answers, read_corpus, write_part
+from anchorspec.data.corpus import (corpus_summary, is_corpus, iter_packed, pack_answers, read_corpus,
+                                    split_selection, write_part)
 from anchorspec.data.chat import render_with_loss_mask
 from anchorspec.errors import AnchorspecError
 from anchorspec.models.drafter import load_drafter
@@ -58,6 +59,24 @@ def test_corrupt_or_foreign_parts_are_refused(tmp_path):
         read_corpus(tmp_path)
     with pytest.raises(AnchorspecError, match="no corpus parts"):
         read_corpus(tmp_path / "nothing")
+
+
+def test_a_selection_reads_only_the_named_parts(tmp_path):
+    for k in range(5):
+        write_part(tmp_path, [([k + 1], [1])], vocab_size=96, provenance={"ids": [f"r{k}"]})
+    assert split_selection(tmp_path) == (tmp_path, None)
+    assert split_selection(f"{tmp_path}:0000,0002-0003") == (tmp_path, [0, 2, 3])
+    assert [e.input_ids for e in read_corpus(f"{tmp_path}:3,0-1")] == [[1], [2], [4]]  # part order, not spec order
+    assert [pid for pid, _, _ in iter_packed(f"{tmp_path}:0004")] == ["r4"]
+    assert is_corpus(f"{tmp_path}:0001") and len(read_corpus(tmp_path)) == 5
+    with pytest.raises(AnchorspecError, match="has no part 0005, 0006"):
+        read_corpus(f"{tmp_path}:0003-0006")
+    with pytest.raises(AnchorspecError, match="runs backwards"):
+        read_corpus(f"{tmp_path}:0003-0001")
+    # a folder whose own name ends in something that looks like a selection is still that folder
+    odd = tmp_path / "run:0001"
+    write_part(odd, [([9], [1])], vocab_size=96, provenance={})
+    assert split_selection(odd) == (odd, None) and [e.input_ids for e in read_corpus(odd)] == [[9]]
 
 
 def test_pack_answers_filters_dedupes_and_is_incremental(setup, tmp_path):

@@ -11,7 +11,8 @@ the next session trains on it instead of regenerating. A corpus is a folder of p
 
 Token ids are the conversation as the target's chat template renders it (its default system
 prompt kept), so a part is tied to one target tokenizer: `read_corpus` checks the vocabulary size.
-Parts are written atomically; a folder can grow by parts across sessions.
+Parts are written atomically; a folder can grow by parts across sessions. `FOLDER:0004,0032-0038`
+reads only those parts (a round on the newest data names them instead of linking them into a folder).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +41,45 @@ class CorpusExample:
     loss_mask: list[int]
 
 
+_SELECTION = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+
+
+def split_selection(spec: str | Path) -> tuple[Path, list[int] | None]:
+    """`FOLDER` -> (FOLDER, None); `FOLDER:0004,0032-0038` -> (FOLDER, [4, 32, ..., 38]). A path that exists
+    as written is a folder even when its name has a colon."""
+    text = str(spec)
+    folder, colon, selection = text.rpartition(":")
+    if not colon or Path(text).exists() or not _SELECTION.fullmatch(selection):
+        return Path(text), None
+    numbers: set[int] = set()
+    for item in selection.split(","):
+        first, _, last = item.partition("-")
+        lo, hi = int(first), int(last or first)
+        if hi < lo:
+            raise AnchorspecError(f"{spec}: part range {item} runs backwards")
+        numbers.update(range(lo, hi + 1))
+    return Path(folder), sorted(numbers)
+
+
+def corpus_parts(spec: str | Path) -> list[Path]:
+    """The part files a corpus spec names, in part order: every part of a folder, or the selected ones
+    (each must exist)."""
+    folder, chosen = split_selection(spec)
+    parts = sorted(folder.glob("part-*.npz"))
+    if not parts:
+        raise AnchorspecError(f"{folder}: no corpus parts (part-*.npz)")
+    if chosen is None:
+        return parts
+    by_number = {int(p.stem.split("-")[1]): p for p in parts if p.stem.split("-")[1].isdigit()}
+    missing = [k for k in chosen if k not in by_number]
+    if missing:
+        raise AnchorspecError(f"{folder} has no part {', '.join(f'{k:04d}' for k in missing)}")
+    return [by_number[k] for k in chosen]
+
+
 def is_corpus(path: str | Path) -> bool:
-    p = Path(path)
+    """A folder of parts, or a selection of its parts (`FOLDER:0004,0032-0038`)."""
+    p, _ = split_selection(path)
     return p.is_dir() and any(p.glob("part-*.npz"))
 
 
@@ -86,13 +125,10 @@ def pack_conversations(folder: str | Path, conversations: Iterable[list[dict]], 
 
 
 def read_corpus(folder: str | Path, vocab_size: int | None = None) -> list[CorpusExample]:
-    """Every conversation of every part, in part order. Checks each part's hash and vocabulary."""
-    folder = Path(folder)
-    parts = sorted(folder.glob("part-*.npz"))
-    if not parts:
-        raise AnchorspecError(f"{folder}: no corpus parts (part-*.npz)")
+    """Every conversation of every part (or of the selected parts: `FOLDER:0004,0032-0038`), in part order.
+    Checks each part's hash and vocabulary."""
     out = []
-    for npz in parts:
+    for npz in corpus_parts(folder):
         out += read_part(npz, vocab_size)
     return out
 
@@ -128,10 +164,9 @@ def iter_packed(folder: str | Path, ids: set[str] | None = None, vocab_size: int
     """(record id, token ids, loss mask) of the packed conversations, in part order; only those
     whose ids are in `ids` when it is given. A part's provenance lists its records' ids in order;
     parts without ids (packed before ids were kept) are skipped."""
-    folder = Path(folder)
     if not is_corpus(folder):
         raise AnchorspecError(f"{folder} is not a corpus folder (no part-*.npz)")
-    for npz in sorted(folder.glob("part-*.npz")):
+    for npz in corpus_parts(folder):
         meta = _part_meta(npz)
         part_ids = meta.get("ids") or []
         rows = [k for k, pid in enumerate(part_ids) if ids is None or pid in ids]
