@@ -9,7 +9,7 @@
 #                                                     categories (float32, tree 4,4,16, T=0 and T=1), then
 #                                                     llama.cpp with round N's GGUF (SKIP_PEERS=1 skips it;
 #                                                     an EAGLE-3.1 round always does)
-#   bash benchmarks/cpu_round.sh release N            copy round N into checkpoints/ and add its scaling point
+#   bash benchmarks/cpu_round.sh release N            copy round N (its final step) into checkpoints/ and add its scaling point
 #                                                     (TAU=<its T=0 tau from eval>); the model card is edited by hand
 # REVOCAB= (empty) keeps the release's draft vocabulary: re-selecting it from a small subset of the corpus swapped
 # 22 % of its rows and cost MT-bench tau (session 61). Later options override earlier ones: `train N --data A B
@@ -55,7 +55,15 @@ release)
   : "${TAU:?set TAU to the MT-bench 1-10 T=0 tau of round $N from eval}"
   [ -f "$SHIPPED/model.safetensors" ] || { echo "cpu_round.sh: $SHIPPED is missing: run eval $N first" >&2; exit 2; }
   cp "$SHIPPED/model.safetensors" "$SHIPPED/config.json" "$RUN/run.json" "$RUN/training.png" $RELEASE/
-  cp "$RUN/best/best.json" $RELEASE/best.json
+  # the release ships final/ (eval converts it), so best.json describes the final step's evaluation, not the run's
+  # best/ (which can name step 0, the drafter it started from, when a few replayed answers scored it higher)
+  python - "$RUN/metrics.jsonl" "$N" > $RELEASE/best.json <<'EOF'
+import json, sys
+evals = [r for r in map(json.loads, open(sys.argv[1])) if "eval" in r]
+last = evals[-1]
+print(json.dumps({"step": last["step"], **last["eval"],
+                  "note": f"round {sys.argv[2]}: the end of its schedule, the weights released"}, indent=1))
+EOF
   # cumulative token-steps: the last earlier scaling point's plus this run's own (seconds x tokens/s); and the
   # assistant tokens of the data it trained on (the curve's "regenerated" column), both from one read of run.json
   COUNTS=$(python - "$RUN/run.json" benchmarks/results/scaling/smollm2-135m-instruct.json "$N" "${BASE_TOKENS:-}" "$VARIANT" <<'EOF'
