@@ -11,14 +11,15 @@ cd "$(dirname "$0")/../../.."
 R=${ANCHORSPEC_HOME:-$HOME/.cache/anchorspec}/runs/smollm2-135m-instruct
 THREADS=${THREADS:-2}
 N=${ROUND:-23}
+RESULTS=${RESULTS:-benchmarks/results/s66}  # where the replay and the gate write (a later session's folder)
 case ${1:?usage: round-eval.sh replay|gate} in
 replay)
   [ -f "$R/eagle3.1-r$N-bf16/model.safetensors" ] || anchorspec convert-drafter "$R/eagle3.1-r$N/final" --out "$R/eagle3.1-r$N-bf16" --dtype bfloat16
   python benchmarks/replay_by_source.py --drafter eagle3.1-release=checkpoints/smollm2-135m-instruct-eagle3.1 \
     --drafter eagle3.1-r$N="$R/eagle3.1-r$N-bf16" \
     --corpus corpus/smollm2-135m-instruct-long --per-source 6 --mtbench-categories --workloads long \
-    --dtype float32 --threads "$THREADS" --out benchmarks/results/s66/replay-r$N.json ;;
+    --dtype float32 --threads "$THREADS" --out "$RESULTS/replay-r$N.json" ;;
 gate)
-  OUT=benchmarks/results/s66/eagle3.1-r$N VARIANT=eagle3.1 bash benchmarks/cpu_round.sh eval "$N" ;;
+  OUT=$RESULTS/eagle3.1-r$N VARIANT=eagle3.1 bash benchmarks/cpu_round.sh eval "$N" ;;
 *) echo "round-eval.sh: replay or gate" >&2; exit 2 ;;
 esac
