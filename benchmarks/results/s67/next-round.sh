@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 67: the next CPU round of the EAGLE-3.1 release (round 24), round 24's recipe on the corpus parts it never
-# saw: the release + STEPS (400) steps at peak lr 1e-4 on PARTS (default 0039-0041, with ShareGPT part 0004 so code
+# saw: the release + STEPS (400) steps at peak lr 1e-4 on PARTS (default 0039-0042, with ShareGPT part 0004 so code
 # and maths stay in view) and the long corpus, 4,096 tokens a batch at up to 4,096 positions, 30 % of conversations
 # chained, the release's vocabulary. ROUND defaults to 26 (25 is the GPU round's: benchmarks/results/gpu-next/).
 #   bash benchmarks/results/s67/next-round.sh train [--threads 1|2 --dtype bfloat16 --resume]   resumable, saves every 25
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 N=${ROUND:-26}
-PARTS=${PARTS:-0004,0039-0041}
+PARTS=${PARTS:-0004,0039-0042}
 HERE=benchmarks/results/s67
 case ${1:?usage: next-round.sh train|replay|gate [train options]} in
 train)
