@@ -409,10 +409,10 @@ def cmd_train(args) -> int:
             raise AnchorspecError(f"--system-prompts file {args.system_prompts} does not exist")
         choices = [line or None for line in Path(args.system_prompts).read_text().splitlines()]
     for path in args.data:
-        if path != "sharegpt" and not Path(path).is_file() and not is_corpus(path):
-            raise AnchorspecError(f"data {path} is neither a file nor a corpus folder (part-*.npz)")
         if is_corpus(path):
             corpus_parts(path)  # a selection naming a part the folder lacks fails here, before the target loads
+        elif path != "sharegpt" and not Path(path).is_file():
+            raise AnchorspecError(f"data {path} is neither a file nor a corpus folder (part-*.npz)")
     if args.init_from and not (Path(args.init_from) / "config.json").is_file():
         raise AnchorspecError(f"--init-from {args.init_from} is not a drafter directory (no config.json)")
     _set_threads(args.threads)

@@ -70,7 +70,7 @@ def corpus_parts(spec: str | Path) -> list[Path]:
         raise AnchorspecError(f"{folder}: no corpus parts (part-*.npz)")
     if chosen is None:
         return parts
-    by_number = {int(p.stem.split("-")[1]): p for p in parts if p.stem.split("-")[1].isdigit()}
+    by_number = {_part_number(p): p for p in parts}
     missing = [k for k in chosen if k not in by_number]
     if missing:
         raise AnchorspecError(f"{folder} has no part {', '.join(f'{k:04d}' for k in missing)}")
@@ -83,8 +83,14 @@ def is_corpus(path: str | Path) -> bool:
     return p.is_dir() and any(p.glob("part-*.npz"))
 
 
+def _part_number(npz: Path) -> int | None:
+    """NNNN of `part-NNNN.npz` (None for a name that is not a number)."""
+    tail = npz.stem.split("-")[1]
+    return int(tail) if tail.isdigit() else None
+
+
 def _next_part(folder: Path) -> int:
-    used = [int(p.stem.split("-")[1]) for p in folder.glob("part-*.npz") if p.stem.split("-")[1].isdigit()]
+    used = [k for k in map(_part_number, folder.glob("part-*.npz")) if k is not None]
     return max(used, default=-1) + 1
 
 
