@@ -520,6 +520,20 @@ def cmd_convert_drafter(args) -> int:
     return 0
 
 
+def cmd_average_drafters(args) -> int:
+    from .models.drafter import average_drafters, save_drafter
+    from .models.target import parse_dtype
+
+    if any(Path(args.out).resolve() == Path(src).resolve() for src in args.drafters):
+        raise AnchorspecError("--out must differ from every source directory")
+    drafter = average_drafters(args.drafters, args.weights)
+    save_drafter(drafter, args.out, dtype=parse_dtype(args.dtype))
+    weights = args.weights or [1 / len(args.drafters)] * len(args.drafters)
+    print(f"wrote the mean of {len(args.drafters)} drafters (weights {', '.join(f'{w:g}' for w in weights)}) "
+          f"in {args.dtype} to {args.out}")
+    return 0
+
+
 def _drafter_arg(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name.strip() or not path.strip():
@@ -834,6 +848,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="drafter directory to write")
     c.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="storage dtype of the copy")
     c.set_defaults(func=cmd_convert_drafter)
+
+    av = sub.add_parser("average-drafters", help="the weighted mean of drafters of one shape and vocabulary (e.g. a "
+                                                 "round and the drafter it started from: the round part of the way)")
+    av.add_argument("drafters", nargs="+", metavar="DIR", help="drafter directories (two or more)")
+    av.add_argument("--weights", nargs="+", type=float, help="one per drafter, summing to 1 (default: equal)")
+    av.add_argument("--out", required=True, help="drafter directory to write")
+    av.add_argument("--dtype", default="float32", choices=list(DTYPES), help="storage dtype of the mean")
+    av.set_defaults(func=cmd_average_drafters)
 
     pc = sub.add_parser("pack-corpus", help="regenerated answers -> a corpus of compact token-id parts with provenance "
                                             "(evaluation prompts and duplicates removed; incremental)")

@@ -89,7 +89,7 @@ def test_help_never_prints_the_api_key(capsys, monkeypatch):
 def test_shared_options_come_from_one_place():
     for name, parser in subparsers().items():
         options = {opt: a for a in parser._actions for opt in a.option_strings}
-        if "--dtype" in options and name != "convert-drafter":  # convert-drafter: a storage dtype, never auto
+        if "--dtype" in options and name not in ("convert-drafter", "average-drafters"):  # a storage dtype, never auto
             assert tuple(options["--dtype"].choices) == DTYPE_CHOICES and options["--dtype"].default == "auto", name
         if "--threads" in options:
             assert options["--threads"].type is cli._count, name

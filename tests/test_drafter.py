@@ -28,6 +28,7 @@ from anchorspec.models.drafter import (
     DrafterConfig,
     Eagle3Drafter,
     KVCache,
+    average_drafters,
     init_drafter,
     load_drafter,
     save_drafter,
@@ -1000,3 +1001,64 @@ def test_first_pass_uses_sdpa_causal_and_matches_the_explicit_mask(variant):
     # negative control: no causality at all gives other outputs
     c = drafter.step(ids, x, pos, KVCache(), torch.zeros(1, 1, T, T, dtype=torch.float64))
     assert (c.logits - b.logits).abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------------------------
+# averaging drafters (WiSE-FT: a round taken part of the way)
+# --------------------------------------------------------------------------------------------
+
+def _two_drafters(tmp_path, variant="eagle3.1"):
+    a, b = make_drafter(variant, seed=0), make_drafter(variant, seed=5)
+    b.set_vocab_mapping(a.draft_to_target)  # one draft vocabulary, different weights
+    save_drafter(a, tmp_path / "a")
+    save_drafter(b, tmp_path / "b", dtype=torch.bfloat16)  # a bf16 release averages with a float32 run
+    return load_drafter(tmp_path / "a"), load_drafter(tmp_path / "b")
+
+
+def test_average_is_the_weighted_mean_of_every_float_tensor(tmp_path):
+    a, b = _two_drafters(tmp_path)
+    mean = average_drafters([tmp_path / "a", tmp_path / "b"], [0.25, 0.75])
+    sa, sb, sm = a.state_dict(), b.state_dict(), mean.state_dict()
+    assert sorted(sm) == sorted(sa)
+    moved = 0
+    for k, v in sm.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v, 0.25 * sa[k] + 0.75 * sb[k], rtol=0, atol=1e-6)
+            moved += not torch.equal(sa[k], sb[k])
+        else:
+            assert torch.equal(v, sa[k]), k  # d2t/t2d are copied, never averaged
+    assert moved > 5  # the two drafters differ, so the test could fail
+    # default weights are equal; a drafter averaged with itself is itself
+    half = average_drafters([tmp_path / "a", tmp_path / "b"])
+    torch.testing.assert_close(half.fc.weight, 0.5 * (a.fc.weight + b.fc.weight), rtol=0, atol=1e-6)
+    assert_same_state(average_drafters([tmp_path / "a", tmp_path / "a"]), a)
+
+
+def test_average_refuses_drafters_that_do_not_share_shape_or_vocabulary(tmp_path):
+    _two_drafters(tmp_path)
+    save_drafter(make_drafter("eagle3", seed=0), tmp_path / "v3")  # same shapes, other flags
+    with pytest.raises(AnchorspecError, match="fc_norm"):
+        average_drafters([tmp_path / "a", tmp_path / "v3"])
+    save_drafter(make_drafter("eagle3.1", seed=9), tmp_path / "vocab")  # another draft vocabulary
+    with pytest.raises(AnchorspecError, match="draft vocabulary"):
+        average_drafters([tmp_path / "a", tmp_path / "vocab"])
+    for weights, fragment in (([0.5], "1 weights for 2"), ([0.7, 0.7], "sum to 1"), ([1.5, -0.5], "non-negative")):
+        with pytest.raises(AnchorspecError, match=fragment):
+            average_drafters([tmp_path / "a", tmp_path / "b"], weights)
+    with pytest.raises(AnchorspecError, match="at least two"):
+        average_drafters([tmp_path / "a"])
+
+
+def test_average_drafters_cli(tmp_path, capsys):
+    a, b = _two_drafters(tmp_path)
+    out = tmp_path / "mean"
+    rc, stdout, _ = run_cli(["average-drafters", tmp_path / "a", tmp_path / "b", "--weights", "0.5", "0.5",
+                             "--out", out, "--dtype", "bfloat16"], capsys)
+    assert rc == 0 and "weights 0.5, 0.5" in stdout
+    mean = load_drafter(out)
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    torch.testing.assert_close(mean.fc.weight, (0.5 * (a.fc.weight + b.fc.weight)).bfloat16().float(), rtol=0, atol=0)
+    rc, _, err = run_cli(["average-drafters", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "a"], capsys)
+    assert_one_line_error(rc, err, "--out must differ")
+    rc, _, err = run_cli(["average-drafters", tmp_path / "a", tmp_path / "nowhere", "--out", out], capsys)
+    assert_one_line_error(rc, err, "does not exist")
