@@ -521,14 +521,13 @@ def cmd_convert_drafter(args) -> int:
 
 
 def cmd_average_drafters(args) -> int:
-    from .models.drafter import average_drafters, save_drafter
+    from .models.drafter import average_drafters, average_weights, save_drafter
     from .models.target import parse_dtype
 
     if any(Path(args.out).resolve() == Path(src).resolve() for src in args.drafters):
         raise AnchorspecError("--out must differ from every source directory")
-    drafter = average_drafters(args.drafters, args.weights)
-    save_drafter(drafter, args.out, dtype=parse_dtype(args.dtype))
-    weights = args.weights or [1 / len(args.drafters)] * len(args.drafters)
+    weights = average_weights(len(args.drafters), args.weights)
+    save_drafter(average_drafters(args.drafters, weights), args.out, dtype=parse_dtype(args.dtype))
     print(f"wrote the mean of {len(args.drafters)} drafters (weights {', '.join(f'{w:g}' for w in weights)}) "
           f"in {args.dtype} to {args.out}")
     return 0

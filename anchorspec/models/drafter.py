@@ -654,32 +654,42 @@ def save_drafter(drafter: Eagle3Drafter, path: str | os.PathLike, dtype: torch.d
     atomic_write(path / "config.json", lambda f: Path(f).write_text(json.dumps(cfg, indent=2) + "\n"))
 
 
-def average_drafters(paths, weights=None) -> Eagle3Drafter:
-    """The weighted mean of drafters of one shape and one draft vocabulary (float32): a round and the drafter it
-    started from averaged is that round taken part of the way (WiSE-FT). Weights default to equal and must sum
-    to 1; drafters whose configs or d2t/t2d differ are refused, since averaging them means nothing."""
-    paths = [Path(p) for p in paths]
-    if len(paths) < 2:
+def average_weights(n: int, weights=None) -> list[float]:
+    """The weights `average_drafters` uses for n drafters: equal by default, else one each, non-negative, summing to 1."""
+    if n < 2:
         raise AnchorspecError("averaging needs at least two drafters")
-    weights = [1.0 / len(paths)] * len(paths) if weights is None else [float(w) for w in weights]
-    if len(weights) != len(paths):
-        raise AnchorspecError(f"{len(weights)} weights for {len(paths)} drafters")
+    weights = [1.0 / n] * n if weights is None else [float(w) for w in weights]
+    if len(weights) != n:
+        raise AnchorspecError(f"{len(weights)} weights for {n} drafters")
     if any(w < 0 for w in weights) or abs(sum(weights) - 1.0) > 1e-6:
         raise AnchorspecError(f"weights must be non-negative and sum to 1, got {weights}")
+    return weights
+
+
+def average_drafters(paths, weights=None) -> Eagle3Drafter:
+    """The weighted mean of drafters of one shape and one draft vocabulary (float32): a round and the drafter it
+    started from averaged is that round taken part of the way (WiSE-FT). Weights: see `average_weights`; drafters
+    whose configs or d2t/t2d differ are refused, since averaging them means nothing."""
+    paths = [Path(p) for p in paths]
+    weights = average_weights(len(paths), weights)
     drafters = [load_drafter(p, torch.float32) for p in paths]
-    shape_of = lambda d: {k: v for k, v in d.config.to_dict().items() if k != "torch_dtype"}  # noqa: E731
     first = drafters[0]
+
+    def config_of(d: Eagle3Drafter) -> dict:  # the storage dtype is not part of a drafter's shape
+        return {k: v for k, v in d.config.to_dict().items() if k != "torch_dtype"}
+
+    reference = config_of(first)
     for path, d in zip(paths[1:], drafters[1:]):
-        if shape_of(d) != shape_of(first):
-            differ = sorted(k for k in shape_of(first) if shape_of(first)[k] != shape_of(d).get(k))
+        config = config_of(d)
+        if config != reference:
+            differ = sorted(k for k in reference.keys() | config.keys() if reference.get(k) != config.get(k))
             raise AnchorspecError(f"{path}: its config differs from {paths[0]}'s in {differ}; only drafters of one "
                                   "shape average")
         if not (torch.equal(d.d2t, first.d2t) and torch.equal(d.t2d, first.t2d)):
             raise AnchorspecError(f"{path}: its draft vocabulary (d2t) differs from {paths[0]}'s")
     states = [d.state_dict() for d in drafters]
-    mean = {k: sum(w * s[k] for w, s in zip(weights, states)) if v.is_floating_point() else v
-            for k, v in states[0].items()}
-    first.load_state_dict(mean)
+    first.load_state_dict({k: sum(w * s[k] for w, s in zip(weights, states)) if v.is_floating_point() else v
+                           for k, v in states[0].items()})
     return first
 
 
