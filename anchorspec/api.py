@@ -25,6 +25,7 @@ from .decode.adaptive import depth_controller
 from .decode.engine import (GenerationConfig, GenerationResult, SpeculativeDecoding, generate_speculative,
                             generate_vanilla)
 from .decode.fallback import TREE_CANDIDATES, StreamMonitor
+from .decode.lookup import LookupSettings
 from .decode.propose import EagleProposer
 from .decode.sampling import SamplingParams
 from .decode.shape import costs_path, load_costs, save_costs
@@ -213,14 +214,20 @@ class Engine:
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, shape: TreeShape | None = None, speculative: bool = True,
                  adaptive: bool = False, depth_control: str | None = None, staged: int | None = None,
-                 prune: str | None = None) -> Completion:
+                 prune: str | None = None, lookup: LookupSettings | str | None = "default") -> Completion:
         """`depth_control`: "step" or "pid" start from the shape and adapt its depth to the acceptance
         of this generation (decode/adaptive.py); `adaptive=True` is "step". `staged=S`: the target's
         first forward covers S draft levels, the deeper ones only once the path reaches them
         (decode/engine.py). `prune="drift"`: stop expanding a draft branch whose drafter state has
-        drifted (decode/propose.py)."""
+        drifted (decode/propose.py). `lookup`: at temperature 0, merge a chain copied from the sequence
+        itself into each draft (decode/lookup.py); "default" is LookupSettings() unless `staged` is asked
+        for (the two do not combine), None turns it off."""
         if adaptive and depth_control not in (None, "step"):
             raise AnchorspecError(f"adaptive=True is depth_control='step'; it conflicts with {depth_control!r}")
+        if lookup == "default":
+            lookup = None if staged is not None else LookupSettings()
+        elif lookup is not None and not isinstance(lookup, LookupSettings):
+            raise AnchorspecError(f"lookup must be LookupSettings, 'default' or None, got {lookup!r}")
         ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else prompt
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature, top_p, top_k),
                                seed=seed, stop_token_ids=self.stop_token_ids())
@@ -232,7 +239,8 @@ class Engine:
             res: GenerationResult = generate_speculative(self.target, self.proposer, ids, cfg,
                                                          depth_controller("step" if adaptive else depth_control,
                                                                           base), self.monitor, staged,
-                                                         self.candidate_trees(cfg.sampling) if measured else None)
+                                                         self.candidate_trees(cfg.sampling) if measured else None,
+                                                         lookup)
             self.remember()
         else:
             res = generate_vanilla(self.target, ids, cfg)

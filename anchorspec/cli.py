@@ -14,6 +14,7 @@ from tqdm import tqdm
 from .data.readers import read_prompts  # the one prompt-file reader (JSONL or JSON array)
 from . import __version__
 from .errors import AnchorspecError
+from .decode.lookup import LookupSettings
 from .models.compiled import COMPILE_PAYS_AT
 from .models.dtype import DTYPE_CHOICES, DTYPES
 from .models.export_gguf import OUTTYPES
@@ -207,9 +208,11 @@ def cmd_generate(args) -> int:
     if not args.no_spec and not args.drafter:
         raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
     if (args.chain is not None or args.tree is not None or args.adaptive or args.depth_control
-            or args.staged_verify or args.prune) and args.no_spec:
-        raise AnchorspecError("--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune need a drafter; "
-                              "they conflict with --no-spec")
+            or args.staged_verify or args.prune or args.lookup or args.no_lookup) and args.no_spec:
+        raise AnchorspecError("--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune/--lookup/--no-lookup "
+                              "need a drafter; they conflict with --no-spec")
+    if args.staged_verify and args.lookup:
+        raise AnchorspecError("--staged-verify conflicts with --lookup: the lookup chain's rows are not in level order")
     if args.staged_verify and (args.adaptive or args.depth_control):
         raise AnchorspecError("--staged-verify conflicts with --adaptive/--depth-control: the controller would "
                               "see each draft split in two")
@@ -248,7 +251,8 @@ def cmd_generate(args) -> int:
         res = engine.generate(prompt, chat=args.chat, system=args.system, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=seed,
                               shape=shape, speculative=not args.no_spec, adaptive=args.adaptive,
-                              depth_control=args.depth_control, staged=args.staged_verify, prune=args.prune)
+                              depth_control=args.depth_control, staged=args.staged_verify, prune=args.prune,
+                              lookup=None if args.no_lookup else LookupSettings(args.lookup) if args.lookup else "default")
         total = res.stats if total is None else total.merge(res.stats)
         bar.set_postfix_str(_summary(total, speculative=not args.no_spec))
         if args.json:
@@ -665,8 +669,8 @@ def cmd_serve(args) -> int:
         raise AnchorspecError(f"--port must be in 1..65535, got {args.port}")
     if args.drafter and not Path(args.drafter).is_dir():
         raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
-    if (args.chain is not None or args.tree is not None) and not args.drafter:
-        raise AnchorspecError("--chain/--tree need --drafter")
+    if (args.chain is not None or args.tree is not None or args.lookup) and not args.drafter:
+        raise AnchorspecError("--chain/--tree/--lookup need --drafter")
     _check_port_free(args.host, args.port)  # before the model loads, not after a minute of loading
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
@@ -675,7 +679,8 @@ def cmd_serve(args) -> int:
     name = args.model_name or Path(args.target.rstrip("/")).name
     api_key = args.api_key or os.environ.get("ANCHORSPEC_API_KEY")
     app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
-                     shape=engine.shape if args.drafter else None, max_running=args.max_running)
+                     shape=engine.shape if args.drafter else None, max_running=args.max_running,
+                     lookup=LookupSettings(args.lookup) if args.lookup else None)
     mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source})" if args.drafter
             else "plain decoding (no --drafter)")
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
@@ -808,6 +813,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--staged-verify", type=_count, metavar="LEVELS",
                    help="staged verification: the target's forward covers the first LEVELS draft levels; the "
                         "deeper ones are verified by the next forward, only when the accepted path reaches them")
+    look = g.add_mutually_exclusive_group()
+    look.add_argument("--lookup", type=_count, metavar="TOKENS",
+                      help="at temperature 0 (on by default there, unless --staged-verify), also verify a chain "
+                           "copied from the text itself where its last tokens occurred before (quotes, lists, "
+                           "loops), its length following what the last one accepted: at most TOKENS (default "
+                           f"{LookupSettings.max_tokens})")
+    look.add_argument("--no-lookup", action="store_true", help="draft with the drafter alone")
     g.add_argument("--prune", choices=["drift"],
                    help="drift-aware drafting: stop expanding a branch once the drafter's state norm has grown "
                         "past its context level (EAGLE-2's expansion ranks by confidence only)")
@@ -1096,6 +1108,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-fallback", action="store_true", help="never switch a request to plain decoding")
     sv.add_argument("--fallback-threshold", type=float,
                     help="fixed break-even tau (default: measured from the server's own step costs)")
+    sv.add_argument("--lookup", type=_count, nargs="?", const=LookupSettings.max_tokens, metavar="TOKENS",
+                    help="greedy requests also verify a chain copied from their own text (generate's default; off "
+                         "here by default: in a batched round the longest chain pads every row's verify); at most "
+                         f"TOKENS (default {LookupSettings.max_tokens})")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="uvicorn's log level")
     sv.set_defaults(func=cmd_serve)

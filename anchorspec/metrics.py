@@ -21,6 +21,8 @@ class GenerationStats:
     total_s: float = 0.0
     fallback_switches: int = 0  # switches between speculative and plain steps (decode/fallback.py)
     explored_steps: int = 0  # steps drafted with another candidate than the measured shape (StreamMonitor.explore)
+    lookup_rows: int = 0  # drafted tokens a context-lookup chain added beside the drafter's (decode/lookup.py)
+    lookup_tokens: int = 0  # accepted tokens past the drafter's own path: what the lookup chain won
 
     def record_step(self, draft_depth: int, drafted: int, accepted: int) -> None:
         self.verify_steps += 1
@@ -59,7 +61,7 @@ class GenerationStats:
         out = GenerationStats()
         for name in ("prompt_tokens", "new_tokens", "target_forwards", "verify_steps", "drafted_tokens",
                      "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s", "fallback_switches",
-                     "explored_steps"):
+                     "explored_steps", "lookup_rows", "lookup_tokens"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         depth = max(len(self.reached_per_depth), len(other.reached_per_depth))
         pad = lambda xs: xs + [0] * (depth - len(xs))  # noqa: E731
@@ -76,7 +78,8 @@ class GenerationStats:
                    accepted_tokens=d["accepted_tokens"], reached_per_depth=list(d["reached_per_depth"]),
                    accepted_per_depth=list(d["accepted_per_depth"]), prefill_s=t.get("prefill", 0.0),
                    draft_s=t.get("draft", 0.0), verify_s=t.get("verify", 0.0), total_s=t.get("total", 0.0),
-                   fallback_switches=d.get("fallback_switches", 0), explored_steps=d.get("explored_steps", 0))
+                   fallback_switches=d.get("fallback_switches", 0), explored_steps=d.get("explored_steps", 0),
+                   lookup_rows=d.get("lookup_rows", 0), lookup_tokens=d.get("lookup_tokens", 0))
 
     def to_dict(self) -> dict:
         return {
@@ -93,6 +96,8 @@ class GenerationStats:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "fallback_switches": self.fallback_switches,
             "explored_steps": self.explored_steps,
+            "lookup_rows": self.lookup_rows,
+            "lookup_tokens": self.lookup_tokens,
             "time_s": {
                 "total": round(self.total_s, 4),
                 "prefill": round(self.prefill_s, 4),

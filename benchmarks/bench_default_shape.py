@@ -7,7 +7,7 @@ every run starts as a fresh machine does.
 
     python benchmarks/bench_default_shape.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
         --every 5 --limit 16 --threads 2 [--random-drafter DIR] [--shape 2,3,6 ...] [--temperature 1] [--compile]
-        [--mean-rule] [--plain-twice] [--chains-only] --out FILE.json
+        [--mean-rule] [--plain-twice] [--chains-only] [--lookup 16] [--no-lookup] --out FILE.json
 
 Prints per prompt the tokens/s and the shape each default engine drafted with, then per method: median
 tokens/s, median and mean per-prompt speed over the plain loop (and over HF), the slowest prompt, tau
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorspec.api import Engine, load  # noqa: E402
 from anchorspec.decode.fallback import shape_key  # noqa: E402
+from anchorspec.decode.lookup import LookupSettings  # noqa: E402
 from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.models.target import stock_twin  # noqa: E402
@@ -48,6 +49,11 @@ def main(argv=None) -> int:
     p.add_argument("--shape", action="append", default=[], metavar="TOP_K,DEPTH,TOTAL",
                    help="also a fixed shape (fallback on), repeatable")
     p.add_argument("--random-drafter", help="also the default path with this (untrained) drafter")
+    p.add_argument("--lookup", type=int, action="append", default=[], metavar="TOKENS",
+                   help="also the default path with a context-lookup chain of up to TOKENS (its own engine and "
+                        "monitor), repeatable")
+    p.add_argument("--no-lookup", action="store_true",
+                   help="also the default path without the context-lookup chain (its own engine and monitor)")
     p.add_argument("--no-hf", action="store_true", help="skip HF generate (the slowest method)")
     p.add_argument("--compile", action="store_true", help="every engine with load(compile=True) (HF stays stock)")
     p.add_argument("--mean-rule", action="store_true",
@@ -82,6 +88,10 @@ def main(argv=None) -> int:
         methods["mean-rule"] = (mean_rule, {})
     if args.random_drafter:
         methods["random"] = (engine(args.random_drafter), {})
+    for tokens in args.lookup:
+        methods[f"lookup{tokens}"] = (engine(args.drafter), {"lookup": LookupSettings(tokens)})
+    if args.no_lookup:
+        methods["no-lookup"] = (engine(args.drafter), {"lookup": None})
     stock = None if args.no_hf else Engine(stock_twin(plain.target, args.target, plain.target.dtype))
     if stock is not None:
         methods = {"hf": (stock, None), **methods}
@@ -91,11 +101,12 @@ def main(argv=None) -> int:
     observe = default.monitor.observe_step if default.monitor is not None else None
 
     def traced(kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None, top_depth=None,
-               shape=None):
-        steps.append({"kind": kind, "tokens": tokens, "depth": depth, "accepted": accepted, "step_s": step_s,
-                      "draft_s": draft_s, "catch_up": catch_up,
+               shape=None, lookup_accepted=0):
+        # "accepted": every accepted token of the step (the lookup chain's too); the monitor learns from the drafter's
+        steps.append({"kind": kind, "tokens": tokens, "depth": depth, "accepted": accepted + lookup_accepted,
+                      "drafter_accepted": accepted, "step_s": step_s, "draft_s": draft_s, "catch_up": catch_up,
                       "shape": shape_key(shape) if shape is not None else None})
-        observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape)
+        observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape, lookup_accepted)
 
     if observe is not None:
         default.monitor.observe_step = traced
@@ -126,6 +137,7 @@ def main(argv=None) -> int:
                                "shape": shape_key(shape) if shape is not None else None,
                                "tau": stats.tau if stats.verify_steps else None,
                                "switches": stats.fallback_switches, "explored": stats.explored_steps,
+                               "lookup_rows": stats.lookup_rows, "lookup_tokens": stats.lookup_tokens,
                                # the realised costs, against which the estimates can be checked
                                "steps": stats.target_forwards, "verify_steps": stats.verify_steps,
                                "seconds": {"prefill": stats.prefill_s, "draft": stats.draft_s,

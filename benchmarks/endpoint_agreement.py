@@ -39,6 +39,7 @@ import torch
 
 from anchorspec.data.chat import render_with_loss_mask
 from anchorspec.data.readers import jsonl_rows
+from anchorspec.decode.lookup import common_prefix
 from anchorspec.models.dtype import argmax_last
 from anchorspec.models.target import load_target
 
@@ -52,13 +53,7 @@ def answer_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
 
 
-def agreed_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+agreed_prefix = common_prefix  # tokens before the first difference
 
 
 @torch.no_grad()

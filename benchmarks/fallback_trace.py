@@ -41,11 +41,11 @@ def trace_monitor(monitor, events: list) -> None:
         return verdict
 
     def traced_observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None,
-                       top_depth=None, shape=None):
-        events.append({"event": "step", "kind": kind, "tokens": tokens, "accepted": accepted, "step_s": step_s,
-                       "draft_s": draft_s, "catch_up": catch_up,
+                       top_depth=None, shape=None, lookup_accepted=0):
+        events.append({"event": "step", "kind": kind, "tokens": tokens, "accepted": accepted,
+                       "lookup_accepted": lookup_accepted, "step_s": step_s, "draft_s": draft_s, "catch_up": catch_up,
                        "shape": shape_key(shape) if shape is not None and kind == "speculative" else None})
-        observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape)
+        observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape, lookup_accepted)
 
     def traced_start(shape):
         state = start(shape)

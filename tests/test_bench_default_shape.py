@@ -31,9 +31,11 @@ def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
     assert bench_default_shape.main(["--target", str(target), "--drafter", drafters[0], "--random-drafter", drafters[1],
                                      "--dtype", "float64", "--data", str(data), "--every", "1", "--limit", "3",
-                                     "--max-new-tokens", "12", "--shape", "2,2,4", "--plain-twice", "--chains-only", "--out", str(out)]) == 0
+                                     "--max-new-tokens", "12", "--shape", "2,2,4", "--plain-twice", "--chains-only", "--lookup", "8",
+                                     "--no-lookup", "--out", str(out)]) == 0
     body = json.loads(out.read_text())
-    methods = {"hf", "plain", "plain again", "default", "no-fallback", "chains-only", "2,2,4", "random"}
+    methods = {"hf", "plain", "plain again", "default", "no-fallback", "chains-only", "2,2,4", "random", "lookup8",
+               "no-lookup"}
     assert set(body["rows"]) == methods and methods <= set(body["summary"])
     plain = [row["tokens"] for row in body["rows"]["plain"]]
     assert len(plain) == 3 and all(plain)
@@ -51,6 +53,8 @@ def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
         assert trace and {step["kind"] for step in trace} <= {"plain", "speculative"}
         assert sum(step["accepted"] + 1 for step in trace) >= len(row["tokens"]) - 1
     assert all("trace" not in row for row in body["rows"]["2,2,4"])
+    assert all(row["lookup_rows"] >= row["lookup_tokens"] >= 0 for row in body["rows"]["lookup8"])
+    assert all(row["lookup_rows"] == 0 for row in body["rows"]["no-lookup"])
     realised = body["summary"]["default_monitor"]["realised"]  # per shape drafted, against the plain loop's step
     drafted = {step["shape"] for row in body["rows"]["default"] for step in row["trace"] if step["kind"] == "speculative"}
     assert realised and set(realised) <= drafted

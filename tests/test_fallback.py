@@ -45,7 +45,7 @@ class FrozenCosts(StreamMonitor):
         self.kinds: list[str] = []
 
     def observe_step(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None,
-                     top_depth=None, shape=None):
+                     top_depth=None, shape=None, lookup_accepted=0):
         self.kinds.append(kind)
         shape = shape if shape is not None else self.shape
         if kind == "speculative":
@@ -81,6 +81,27 @@ def test_greedy_lossless_while_switching(shape, drafter):
         assert res.token_ids == ref
         assert res.stats.fallback_switches >= 4  # several off/on switches in one generation
         assert {"speculative", "plain"} <= set(monitor.kinds)
+
+
+@pytest.mark.parametrize("family", ["llama", "granite"])
+def test_greedy_lossless_while_switching_with_a_lookup_chain(family):
+    """A context-lookup chain merged into the drafts (decode/lookup.py) while steps switch between plain and
+    speculative: plain steps draft no chain, the chain's length carries across them."""
+    from anchorspec.decode.lookup import LookupSettings
+
+    target = tiny_target(family)
+    proposer = EagleProposer(random_drafter(target))
+    cfg = GenerationConfig(max_new_tokens=40)
+    won = 0
+    for prompt in prompts():
+        ref = generate_vanilla(target, prompt, cfg).token_ids
+        monitor = switching(threshold=1.5)
+        res = generate_speculative(target, proposer, prompt, cfg, TreeShape.chain(3), fallback=monitor,
+                                   lookup=LookupSettings())
+        assert res.token_ids == ref
+        assert res.stats.fallback_switches >= 2 and {"speculative", "plain"} <= set(monitor.kinds)
+        won += res.stats.lookup_tokens
+    assert won > 0
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

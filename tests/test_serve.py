@@ -85,13 +85,14 @@ def dirs(tmp_path_factory, one_thread):
 @pytest.fixture(scope="module")
 def reference(dirs):
     """Solo Engine.generate outputs (a separate engine: the servers' models stay on their worker)."""
-    # the server's shape, speculating at every step (its monitor is off too): the same steps
+    # the server's shape, speculating at every step (its monitor is off too), without generate's lookup chain
+    # (the server's is opt-in): the same steps
     spec = load(dirs["target"], dirs["drafter"], dtype="float64", threads=1, shape=DEFAULT_TREE, fallback=False)
     plain = load(dirs["target"], dtype="float64", threads=1)
     out = {}
     for p in PROMPTS:
         for chat in (True, False):
-            a = spec.generate(p, chat=chat, max_new_tokens=MAX_TOKENS)
+            a = spec.generate(p, chat=chat, max_new_tokens=MAX_TOKENS, lookup=None)
             b = plain.generate(p, chat=chat, max_new_tokens=MAX_TOKENS)
             assert a.token_ids == b.token_ids  # lossless, so one reference serves both servers
             out[p, chat], out["spec", p, chat] = b, a
@@ -227,13 +228,8 @@ def test_concurrent_streaming_clients_match_solo(spec_server, reference):
     assert forwards > single  # some target forwards verified several requests at once
 
 
-def test_scheduler_batches_forwards(dirs, reference):
-    """Four requests queued before the worker starts: one prefill each, then every round verifies all
-    four in ONE target forward, and each output is still the solo one."""
-    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
-    scheduler = Scheduler(engine, monitor=DriftMonitor(enabled=False), calibrate=False)
-    prompts = PROMPTS[:4]
-
+def queued_then_run(scheduler, engine, prompts) -> list:
+    """Greedy requests for `prompts`, all queued before the scheduler's worker starts; their final results."""
     async def run():
         handles = [scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0) for p in prompts]
         scheduler.start()
@@ -243,14 +239,23 @@ def test_scheduler_batches_forwards(dirs, reference):
                 kind, payload = await h.queue.get()
                 if kind != "tokens":
                     assert kind == "done", payload
-                    outs.append(payload.token_ids)
+                    outs.append(payload)
                     break
         return outs
 
     try:
-        outs = asyncio.run(run())
+        return asyncio.run(run())
     finally:
         scheduler.stop()
+
+
+def test_scheduler_batches_forwards(dirs, reference):
+    """Four requests queued before the worker starts: one prefill each, then every round verifies all
+    four in ONE target forward, and each output is still the solo one."""
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    scheduler = Scheduler(engine, monitor=DriftMonitor(enabled=False), calibrate=False)
+    prompts = PROMPTS[:4]
+    outs = [result.token_ids for result in queued_then_run(scheduler, engine, prompts)]
     assert outs == [reference[p, False].token_ids for p in prompts]
     reg = scheduler.metrics.registry
     forwards = reg.get_sample_value("anchorspec_batch_rows_count")
@@ -260,6 +265,19 @@ def test_scheduler_batches_forwards(dirs, reference):
     assert reg.get_sample_value("anchorspec_batch_rows_sum") > forwards  # more than one row on average
     # one batched forward per round: no more forwards than the longest request has steps
     assert forwards <= MAX_TOKENS
+
+
+def test_scheduler_with_a_lookup_chain_keeps_every_output(dirs, reference):
+    """Greedy requests batched with context-lookup chains merged into their drafts (decode/lookup.py, opt-in
+    here): each output is still the solo plain one, and the chains were verified."""
+    from anchorspec.decode.lookup import LookupSettings
+
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    scheduler = Scheduler(engine, monitor=DriftMonitor(enabled=False), calibrate=False, lookup=LookupSettings())
+    prompts = PROMPTS[:4]
+    outs = queued_then_run(scheduler, engine, prompts)
+    assert [o.token_ids for o in outs] == [reference[p, False].token_ids for p in prompts]
+    assert sum(o.stats.lookup_rows for o in outs) > 0
 
 
 def test_scheduler_interleaves_requests(dirs):

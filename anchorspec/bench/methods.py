@@ -101,6 +101,8 @@ class Loop(Method):
                                    stop_token_ids=self.stop_ids)
             return generate_vanilla(self.target, ids, cfg).token_ids, None
         attach_drafter(self.target, self.drafter)  # drafters may differ in aux layers: set them per call
+        # the drafter alone: its tau is what the workloads compare (generate's lookup chain would add the same
+        # copied tokens to every drafter; benchmarks/bench_default_shape.py measures the defaults with it)
         res = self.engine.generate(ids, max_new_tokens=max_new, temperature=temperature, seed=seed,
-                                   adaptive=self.adaptive)
+                                   adaptive=self.adaptive, lookup=None)
         return res.token_ids, res.stats

@@ -43,6 +43,7 @@ from .adaptive import AdaptiveDepth
 from .batch import BatchKV, KVSlot, SharedPrefix, batch_forward
 from .drafting import Program, run_program
 from .fallback import StreamMonitor
+from .lookup import ContextLookup, LookupSettings, common_prefix, merge_chain
 from .propose import Proposer
 from .sampling import SamplingParams, pick_token, probs_from_logits
 from .tree import DraftTree, TreeShape
@@ -135,6 +136,11 @@ class StepReport:
     held: bool = False  # the verified tree was held back from the previous step's draft (staged)
     top_ranked: int = 0  # accepted nodes that were each the drafter's top-ranked child (DraftTree.top_ranked_run)
     top_depth: int = 0  # levels of the draft's top-1 chain (DraftTree.top_ranked_depth; a chain's depth)
+    # the drafter's own tree within a draft that a context-lookup chain extended (decode/lookup.py): its
+    # depth and the accepted nodes on it, which is what the monitor learns the drafter's acceptance from
+    drafter_depth: int = 0
+    drafter_accepted: int = 0
+    lookup_rows: int = 0  # verified rows the lookup chain added beside the drafter's
 
 
 SLOT_SLACK = 64  # rows a solo slot holds beyond prompt + budget (a verified tree's extra rows)
@@ -158,13 +164,21 @@ class SpeculativeDecoding:
     layers cannot use a slot: it keeps transformers' DynamicCache and takes plain steps only."""
 
     def __init__(self, target: Target, proposer: Proposer | None, prompt_ids, cfg: GenerationConfig,
-                 shape: TreeShape | AdaptiveDepth | None, staged: int | None = None):
+                 shape: TreeShape | AdaptiveDepth | None, staged: int | None = None,
+                 lookup: LookupSettings | None = None):
         if staged is not None and staged < 1:
             raise AnchorspecError(f"staged verification needs at least 1 level in its first stage, got {staged}")
         if staged is not None and isinstance(shape, AdaptiveDepth):
             raise AnchorspecError("staged verification and an adaptive depth do not combine: the controller "
                                   "would see each draft split in two")
+        if lookup is not None and staged is not None:
+            raise AnchorspecError("staged verification and a lookup chain do not combine: the chain's rows are not "
+                                  "in level order")
         self.target, self.cfg, self.staged = target, cfg, staged
+        # greedy only (decode/lookup.py); the chain is drafted after the drafter's tree, so a proposer is needed
+        self.lookup = ContextLookup(lookup) if lookup is not None and proposer is not None and cfg.sampling.greedy \
+            else None
+        self._lookup_step: tuple[DraftTree, list[int]] | None = None  # the drafter's tree, the chain merged into it
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())
         self.gen = cfg.generator()
@@ -320,6 +334,11 @@ class SpeculativeDecoding:
             tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
         if self.staged is not None and tree.depth > self.staged and tree.depth_ordered:
             self._whole, tree = tree, tree.levels(self.staged)[0]
+        if self.lookup is not None:
+            self.lookup.extend(self.sequence[len(self.lookup.tokens):].tolist())
+            chain = self.lookup.propose(self.out.remaining - 1)  # the bonus token's slot stays free, as for the drafter
+            if chain:
+                self._lookup_step, tree = (tree, chain), merge_chain(tree, chain)
         return self._begin(tree, t)
 
     def result(self) -> GenerationResult:
@@ -354,10 +373,11 @@ class SpeculativeDecoding:
             # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft;
             # a step that compiled a graph (a compiled target's or drafter's new shape) took tens of seconds
             if not report.held and graphs_compiled() == graphs:
-                fallback.observe_step(report.kind, report.drafted + 1, report.depth, report.accepted, step_s,
-                                      report.draft_s, catch_up=previous.kind != "speculative",
+                fallback.observe_step(report.kind, report.drafted + 1, report.drafter_depth, report.drafter_accepted,
+                                      step_s, report.draft_s, catch_up=previous.kind != "speculative",
                                       top_ranked=report.top_ranked, top_depth=report.top_depth,
-                                      shape=shape or self.shape)
+                                      shape=shape or self.shape,
+                                      lookup_accepted=report.accepted - report.drafter_accepted)
             fallback.record(state, report.kind, report.accepted, len(report.tokens))
             previous = report
         self.stats.fallback_switches = state.switches
@@ -389,21 +409,36 @@ class SpeculativeDecoding:
             if verdict.held is not None and whole.children[kept[verdict.held]]:
                 self._held = whole.subtree(kept[verdict.held])
         self._commit(verdict.path, tree.size)
+        drafted_by, lookup_rows, chain = judged, 0, None  # the drafter's own tree; the rows a lookup chain added
+        if self._lookup_step is not None:
+            (drafted_by, chain), self._lookup_step = self._lookup_step, None
+            lookup_rows = tree.size - drafted_by.size
+        elif self.lookup is not None and tree.size > 1:
+            self.lookup.observe(None)  # no match this step
+        # the accepted path within the drafter's nodes (a lookup chain's own nodes come after all of them): what
+        # the drafter's acceptance is learnt from, by the monitor and an adaptive depth
+        own = next((k for k, node in enumerate(verdict.path) if node >= drafted_by.size), len(verdict.path))
+        drafter_path = verdict.path[:own]
+        drafter_depth = drafted_by.depth if chain is not None else tree.depth
         if tree.size > 1:
             stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
+            stats.lookup_rows += lookup_rows
+            stats.lookup_tokens += verdict.accepted - (len(drafter_path) - 1)
             if self.policy is not None:
-                self.policy.observe(tree.depth, verdict.accepted)
+                self.policy.observe(drafter_depth, len(drafter_path) - 1)
         else:
             stats.target_forwards += 1
         new = [int(tree.tokens[i]) for i in verdict.path[1:]] + [verdict.next_token]
+        if chain is not None:
+            self.lookup.observe(common_prefix(chain, new))
         emitted = self._emit(new)
         if self.proposer is not None:
             self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
             self._unread_aux.append(aux[verdict.path])
         if tree.size > 1:
             return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
-                              verify_s, held, judged.top_ranked_run(verdict.path),
-                              judged.top_ranked_depth)
+                              verify_s, held, drafted_by.top_ranked_run(drafter_path),
+                              drafted_by.top_ranked_depth, drafter_depth, len(drafter_path) - 1, lookup_rows)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _solo_slot(self) -> KVSlot:
@@ -446,9 +481,11 @@ def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> Gener
 
 def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,
                          shape: TreeShape | AdaptiveDepth, fallback: StreamMonitor | None = None,
-                         staged: int | None = None, explore: tuple[TreeShape, ...] | None = None) -> GenerationResult:
+                         staged: int | None = None, explore: tuple[TreeShape, ...] | None = None,
+                         lookup: LookupSettings | None = None) -> GenerationResult:
     """`fallback`: the stream's drift monitor (decode/fallback.py), kept across generations so that
     its costs and acceptance accumulate; None speculates at every step. `staged`: levels verified
     in the first stage of a staged verification (None: the whole draft at once). `explore`: see
-    SpeculativeDecoding.run."""
-    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape, staged).run(fallback, explore)
+    SpeculativeDecoding.run. `lookup`: merge a chain copied from the sequence itself into each greedy
+    draft (decode/lookup.py)."""
+    return SpeculativeDecoding(target, proposer, prompt_ids, cfg, shape, staged, lookup).run(fallback, explore)

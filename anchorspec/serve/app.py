@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..api import Engine
 from ..decode.fallback import DriftMonitor
 from ..decode.tree import TreeShape
+from ..decode.lookup import LookupSettings
 from ..errors import AnchorspecError
 from ..metrics import GenerationStats
 from . import protocol
@@ -74,12 +75,13 @@ def usage(stats: GenerationStats, completion_tokens: int) -> dict:
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY,
                max_tokens_limit: int | None = None, monitor: DriftMonitor | None = None,
-               shape: TreeShape | None = None, max_running: int = 16) -> FastAPI:
+               shape: TreeShape | None = None, max_running: int = 16,
+               lookup: LookupSettings | None = None) -> FastAPI:
     target = engine.target
     context = int(getattr(target.config, "max_position_embeddings", 0) or 1 << 30)
     limit = max_tokens_limit or min(context, 1 << 16)
     metrics = ServerMetrics()
-    scheduler = Scheduler(engine, metrics, monitor, shape, max_running=max_running)
+    scheduler = Scheduler(engine, metrics, monitor, shape, max_running=max_running, lookup=lookup)
     created = int(time.time())
 
     @asynccontextmanager

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from ..api import DEFAULT_TREE, Engine
 from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
 from ..decode.fallback import DriftMonitor, RequestState
+from ..decode.lookup import LookupSettings
 from ..decode.propose import EagleProposer
 from ..decode.round import BatchDecoder, RoundResult
 from ..decode.sampling import SamplingParams
@@ -84,7 +85,10 @@ class _Sequence:
 
 class Scheduler:
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, monitor: DriftMonitor | None = None,
-                 shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True):
+                 shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True,
+                 lookup: LookupSettings | None = None):
+        """`lookup`: merge a context-lookup chain into greedy requests' drafts (decode/lookup.py); off by
+        default here, because in a batched round the longest chain pads every row's verify."""
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.engine = engine
@@ -92,6 +96,7 @@ class Scheduler:
         self.monitor = monitor or DriftMonitor()
         self.shape = shape or DEFAULT_TREE
         self.max_running = max_running
+        self.lookup = lookup
         self.speculative = engine.drafter is not None
         self._calibrate_first = calibrate and self.speculative
         self.decoder = BatchDecoder(engine.target)
@@ -135,7 +140,8 @@ class Scheduler:
                                stop_token_ids=self.engine.stop_token_ids())
         target = self.engine.target
         if self.speculative:  # each sequence owns a proposer: the drafter's KV cache is per sequence
-            decoding = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt_ids, cfg, self.shape)
+            decoding = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt_ids, cfg, self.shape,
+                                           lookup=self.lookup)
         else:
             decoding = PlainDecoding(target, prompt_ids, cfg)
         handle = Handle(loop or asyncio.get_running_loop(), self._wake)

@@ -8,10 +8,11 @@ from anchorspec.api import load
 from anchorspec.decode.fallback import StreamMonitor, shape_key
 log = []
 orig = StreamMonitor.observe_step
-def rec(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None, top_depth=None, shape=None):
+def rec(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None, top_depth=None, shape=None,
+        lookup_accepted=0):
     log.append(dict(kind=kind, tokens=tokens, depth=depth, step_s=step_s, draft_s=draft_s, catch_up=catch_up,
                     shape=shape_key(shape) if shape is not None else None, current=shape_key(self.shape) if self.shape else None))
-    return orig(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape)
+    return orig(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape, lookup_accepted)
 StreamMonitor.observe_step = rec
 e = load("smollm2-135m-instruct", "checkpoints/smollm2-135m-instruct-eagle3.1", dtype="bfloat16", threads=2, remember=False)
 for p in load_prompts(DEFAULT_DATA, 40, every=5)[:8]:

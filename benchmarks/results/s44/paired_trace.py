@@ -25,10 +25,10 @@ observe = StreamMonitor.observe_step
 
 
 def logged(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None, top_depth=None,
-           shape=None):
+           shape=None, lookup_accepted=0):
     log.append(dict(t=time.perf_counter(), kind=kind, tokens=tokens, depth=depth, step_s=step_s, draft_s=draft_s,
                     catch_up=catch_up, shape=shape_key(shape) if shape is not None else None, **where))
-    return observe(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape)
+    return observe(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape, lookup_accepted)
 
 
 StreamMonitor.observe_step = logged

@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""What a context-lookup chain (decode/lookup.py) adds to a drafter's drafts, replayed along the target's
+own greedy answers (no verify forwards, as `decode.shape.replay`): per draft shape and lookup setting,
+tau and the verify rows a step costs. The same ContextLookup, merge and adaptive length as `generate
+--lookup`; the drafter's tree is the one it would draft.
+
+    python benchmarks/lookup_replay.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 --limit 80 \
+        --shapes 1,3,4 4,4,16 --lookup 0 4 16 --out benchmarks/results/s69/lookup-replay.json
+
+`--lookup 0` is the drafter alone. Prints one row per shape and setting, also per MT-bench category
+(blocks of 10 prompts) with `--categories`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import DEFAULT_DATA, load_prompts, write_results  # noqa: E402
+
+from anchorspec.api import Engine, attach_drafter  # noqa: E402
+from anchorspec.data.chat import prompt_ids  # noqa: E402
+from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
+from anchorspec.decode.lookup import ContextLookup, LookupSettings, common_prefix, merge_chain  # noqa: E402
+from anchorspec.decode.propose import EagleProposer  # noqa: E402
+from anchorspec.decode.shape import GREEDY, accepted_length, captured_states  # noqa: E402
+from anchorspec.decode.tree import TreeShape  # noqa: E402
+from anchorspec.models.drafter import load_drafter  # noqa: E402
+from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
+
+CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+
+
+def walk(proposer, sequence: torch.Tensor, prompt_len: int, aux: torch.Tensor, shape: TreeShape,
+         lookup: LookupSettings | None) -> tuple[int, int, int]:
+    """(accepted tokens incl. each step's target token, steps, verify rows) of one greedy answer."""
+    proposer.reset()
+    context = ContextLookup(lookup) if lookup else None
+    tokens = sequence.tolist()
+    pos, fed, emitted, steps, rows = prompt_len, 0, 0, 0, 0
+    while pos < len(tokens) - 2:  # as in generation, the last token comes from a plain step
+        answer = tokens[pos + 1:]
+        proposer.update(sequence[:pos + 1], aux[fed:pos])
+        fed = pos
+        tree = proposer.propose(shape.capped(len(answer) - 1), GREEDY, None)
+        if context is not None:
+            context.extend(tokens[len(context.tokens):pos + 1])
+            chain = context.propose(len(answer) - 1)
+            if chain:
+                tree = merge_chain(tree, chain)
+            n = accepted_length(tree, answer)
+            context.observe(common_prefix(chain, answer[:n + 1]) if chain else None)
+        else:
+            n = accepted_length(tree, answer)
+        steps, rows, emitted, pos = steps + 1, rows + tree.size, emitted + n + 1, pos + n + 1
+    return emitted, steps, rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--limit", type=int, default=80)
+    p.add_argument("--shapes", nargs="+", default=["1,3,4", "4,4,16"], metavar="TOP_K,DEPTH,TOTAL")
+    p.add_argument("--lookup", nargs="+", type=int, default=[0, 4, 16], metavar="TOKENS",
+                   help="longest lookup chain per run; 0: the drafter alone")
+    p.add_argument("--categories", action="store_true", help="also a row per MT-bench category (10 prompts each)")
+    p.add_argument("--answer-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype)
+    drafter = load_drafter(args.drafter, dtype).eval()
+    attach_drafter(target, drafter)
+    proposer = EagleProposer(drafter)
+    cfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
+    shapes = [TreeShape.parse(s) for s in args.shapes]
+    totals: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    for i, q in enumerate(tqdm(load_prompts(args.data, args.limit), desc="prompts")):
+        ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
+        sequence = torch.tensor(ids + generate_vanilla(target, torch.tensor(ids), cfg).token_ids)
+        aux = captured_states(target, sequence)
+        groups = ["all"] + ([CATEGORIES[i // 10]] if args.categories and i // 10 < len(CATEGORIES) else [])
+        for shape in shapes:
+            for tokens in args.lookup:
+                got = walk(proposer, sequence, len(ids), aux, shape, LookupSettings(tokens) if tokens else None)
+                for group in groups:
+                    row = totals[group][f"{shape.top_k},{shape.depth},{shape.total_tokens} lookup {tokens}"]
+                    for k in range(3):
+                        row[k] += got[k]
+    report = {}
+    print(f"| prompts ({args.dtype}, {args.threads} thread(s), {args.answer_tokens} answer tokens) | shape, lookup "
+          "| tau | verify rows a step |")
+    print("|---|---|---|---|")
+    for group, rows in totals.items():
+        for name, (emitted, steps, verify_rows) in rows.items():
+            report.setdefault(group, {})[name] = {"tau": emitted / steps, "rows_per_step": verify_rows / steps,
+                                                  "steps": steps}
+            print(f"| {group} | {name} | {emitted / steps:.3f} | {verify_rows / steps:.2f} |")
+    write_results(args.out, args, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
