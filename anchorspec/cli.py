@@ -213,6 +213,9 @@ def cmd_generate(args) -> int:
                               "need a drafter; they conflict with --no-spec")
     if args.staged_verify and args.lookup:
         raise AnchorspecError("--staged-verify conflicts with --lookup: the lookup chain's rows are not in level order")
+    if args.lookup and args.temperature > 0:
+        raise AnchorspecError("--lookup drafts at --temperature 0 only (a copied token has no proposal distribution "
+                              "for rejection sampling)")
     if args.staged_verify and (args.adaptive or args.depth_control):
         raise AnchorspecError("--staged-verify conflicts with --adaptive/--depth-control: the controller would "
                               "see each draft split in two")
