@@ -33,10 +33,10 @@ import anchorspec
 from anchorspec import load
 from anchorspec.api import Engine, attach_drafter
 from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids
-from anchorspec.models.drafter import KVCache, additive_mask, init_drafter
+from anchorspec.models.drafter import KVCache, additive_mask, init_drafter, load_drafter
 from anchorspec.models.attention import uses_grouped_attention
 from anchorspec.models.packed import is_packed
-from anchorspec.models.target import stock_twin
+from anchorspec.models.target import load_target, parse_dtype, stock_twin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = os.path.normpath(REPO_ROOT / ".." / "shared" / "data" / "mt_bench" / "question.jsonl")
@@ -82,6 +82,17 @@ def named_drafters(specs: list[str]) -> list[tuple[str, str]]:
     """(name, directory) for each `--drafter NAME=DIR` of model_parser(many_drafters=True); a bare DIR is
     named after its folder."""
     return [tuple(spec.split("=", 1)) if "=" in spec else (Path(spec).name, spec) for spec in specs]
+
+
+def target_and_drafter(args):
+    """model_parser's --threads set, then its --target and --drafter loaded in --dtype, the drafter in eval mode and
+    attached to the target: how a replay benchmark starts."""
+    torch.set_num_threads(args.threads)
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype)
+    drafter = load_drafter(args.drafter, dtype).eval()
+    attach_drafter(target, drafter)
+    return target, drafter
 
 
 def drafter_parser(description: str) -> argparse.ArgumentParser:

@@ -28,16 +28,14 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, prompts_by_category, write_results  # noqa: E402
+from bench_core import DEFAULT_DATA, prompts_by_category, target_and_drafter, write_results  # noqa: E402
 
-from anchorspec.api import DEFAULT_TREE, Engine, attach_drafter  # noqa: E402
+from anchorspec.api import DEFAULT_TREE, Engine  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
 from anchorspec.decode.shape import replay  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
-from anchorspec.models.drafter import load_drafter  # noqa: E402
-from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
 
 ARMS = ("base", "prompt", "oracle")
 
@@ -77,11 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype)
-    drafter = load_drafter(args.drafter, dtype).eval()
-    attach_drafter(target, drafter)
+    target, drafter = target_and_drafter(args)
     if not getattr(target.model.config, "tie_word_embeddings", False):
         raise SystemExit("this experiment reads the target's output rows from its (tied) input embedding")
     rows = target.embed_weight.detach().float()  # packing may have replaced the LM head's module, not this

@@ -13,7 +13,6 @@ tau and the verify rows a step costs. The same ContextLookup, merge and adaptive
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,17 +21,15 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, load_prompts, write_results  # noqa: E402
+from bench_core import DEFAULT_DATA, load_prompts, model_parser, target_and_drafter, write_results  # noqa: E402
 
-from anchorspec.api import Engine, attach_drafter  # noqa: E402
+from anchorspec.api import Engine  # noqa: E402
 from anchorspec.data.chat import prompt_ids  # noqa: E402
 from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
 from anchorspec.decode.lookup import ContextLookup, LookupSettings, common_prefix, merge_chain  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
 from anchorspec.decode.shape import GREEDY, accepted_length, captured_states  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
-from anchorspec.models.drafter import load_drafter  # noqa: E402
-from anchorspec.models.target import load_target, parse_dtype  # noqa: E402
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 
@@ -63,9 +60,7 @@ def walk(proposer, sequence: torch.Tensor, prompt_len: int, aux: torch.Tensor, s
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--drafter", required=True)
-    p.add_argument("--target", default="smollm2-135m-instruct")
+    p = model_parser(__doc__.split("\n\n")[0], dtype="bfloat16", dtypes=["float32", "bfloat16"])
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--limit", type=int, default=80)
     p.add_argument("--shapes", nargs="+", default=["1,3,4", "4,4,16"], metavar="TOP_K,DEPTH,TOTAL")
@@ -73,15 +68,9 @@ def main(argv=None) -> int:
                    help="longest lookup chain per run; 0: the drafter alone")
     p.add_argument("--categories", action="store_true", help="also a row per MT-bench category (10 prompts each)")
     p.add_argument("--answer-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype)
-    drafter = load_drafter(args.drafter, dtype).eval()
-    attach_drafter(target, drafter)
+    target, drafter = target_and_drafter(args)
     proposer = EagleProposer(drafter)
     cfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
     shapes = [TreeShape.parse(s) for s in args.shapes]
