@@ -111,6 +111,20 @@ def write_results(path: str, args, body: dict) -> None:
     print(f"wrote {out}")
 
 
+def greedy_answers(target, data: str, limit: int, answer_tokens: int):
+    """Per prompt of `data` (chat template): (prompt + the target's greedy answer, the prompt's length, the target's
+    captured states over both): what the replays walk their drafts along (lookup_replay, datastore_replay)."""
+    from anchorspec.data.chat import prompt_ids
+    from anchorspec.decode.engine import GenerationConfig, generate_vanilla
+    from anchorspec.decode.shape import captured_states
+
+    cfg = GenerationConfig(max_new_tokens=answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
+    for q in tqdm(load_prompts(data, limit), desc="prompts"):
+        ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
+        sequence = torch.tensor(ids + generate_vanilla(target, torch.tensor(ids), cfg).token_ids)
+        yield sequence, len(ids), captured_states(target, sequence)
+
+
 def load_prompts(path: str, limit: int, every: int = 1, offset: int = 0) -> list[dict]:
     """First turns, every `every`-th of the file from the `offset`-th (MT-bench lists its 8 categories in
     blocks of 10, so its first 10 are all "writing"; `every=5` takes 2 of each; `every=2, offset=1` the

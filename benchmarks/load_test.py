@@ -11,6 +11,8 @@ the servers are killed and what was measured so far is written.
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --out out/load.json
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --concurrency 1,2 --requests 2 \
         --max-tokens 16 --out /tmp/load_smoke.json                                     # smoke
+    ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --drafter-arg=--no-lookup --out out/load-nolookup.json
+                                                 # the drafter's server with an option the plain one refuses
 
 Figures (per level and server):
   per-user tok/s   median over requests of completion tokens / request latency (what one user sees)
@@ -134,7 +136,7 @@ class Server:
             cmd += ["--drafter", drafter]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
-        cmd += args.server_arg
+        cmd += args.server_arg + (args.drafter_arg if drafter else [])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.log_path = log_dir / ("server-drafter.log" if drafter else "server-plain.log")
         self.log = self.log_path.open("w")
@@ -324,6 +326,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, help="--threads of the server (torch intra-op threads)")
     p.add_argument("--max-running", type=int, help="--max-running of the server (default: the largest level)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `anchorspec serve` (repeat)")
+    p.add_argument("--drafter-arg", action="append", default=[],
+                   help="extra argument for the drafter's server only (repeat; e.g. --drafter-arg=--no-lookup)")
     p.add_argument("--warm-levels", action="store_true",
                    help="run every level once unmeasured before measuring it (for --server-arg=--compile: the "
                         "graphs of its batch shapes are built then, not while measured)")

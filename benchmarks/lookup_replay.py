@@ -18,17 +18,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import DEFAULT_DATA, load_prompts, model_parser, target_and_drafter, write_results  # noqa: E402
+from bench_core import DEFAULT_DATA, greedy_answers, model_parser, target_and_drafter, write_results  # noqa: E402
 
-from anchorspec.api import Engine  # noqa: E402
-from anchorspec.data.chat import prompt_ids  # noqa: E402
-from anchorspec.decode.engine import GenerationConfig, generate_vanilla  # noqa: E402
 from anchorspec.decode.lookup import ContextLookup, LookupSettings, common_prefix, merge_chain  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
-from anchorspec.decode.shape import GREEDY, accepted_length, captured_states  # noqa: E402
+from anchorspec.decode.shape import GREEDY, accepted_length  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
@@ -72,17 +68,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     target, drafter = target_and_drafter(args)
     proposer = EagleProposer(drafter)
-    cfg = GenerationConfig(max_new_tokens=args.answer_tokens, stop_token_ids=tuple(Engine(target).stop_token_ids()))
     shapes = [TreeShape.parse(s) for s in args.shapes]
     totals: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
-    for i, q in enumerate(tqdm(load_prompts(args.data, args.limit), desc="prompts")):
-        ids = prompt_ids(target.tokenizer, [{"role": "user", "content": q["text"]}])
-        sequence = torch.tensor(ids + generate_vanilla(target, torch.tensor(ids), cfg).token_ids)
-        aux = captured_states(target, sequence)
+    for i, (sequence, prompt_len, aux) in enumerate(greedy_answers(target, args.data, args.limit, args.answer_tokens)):
         groups = ["all"] + ([CATEGORIES[i // 10]] if args.categories and i // 10 < len(CATEGORIES) else [])
         for shape in shapes:
             for tokens in args.lookup:
-                got = walk(proposer, sequence, len(ids), aux, shape, LookupSettings(tokens) if tokens else None)
+                got = walk(proposer, sequence, prompt_len, aux, shape, LookupSettings(tokens) if tokens else None)
                 for group in groups:
                     row = totals[group][f"{shape.top_k},{shape.depth},{shape.total_tokens} lookup {tokens}"]
                     for k in range(3):

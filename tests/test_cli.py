@@ -131,7 +131,8 @@ def test_shapes_print_as_the_flag_takes_them():
      "--lookup drafts at --temperature 0 only"),
     (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--lookup", "8", "--no-lookup"],
      "not allowed with argument"),
-    (["serve", "--target", "t", "--lookup"], "--chain/--tree/--lookup need --drafter"),
+    (["serve", "--target", "t", "--lookup", "8"], "--chain/--tree/--lookup/--no-lookup need --drafter"),
+    (["serve", "--target", "t", "--no-lookup"], "--chain/--tree/--lookup/--no-lookup need --drafter"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "0"], "--max-steps must be >= 1"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "1", "--eval-replay", "-1"],
      "--eval-replay must be >= 0"),
@@ -347,3 +348,20 @@ def test_tune_and_generate_agree_on_the_profile(tiny, tmp_path, capsys, monkeypa
     assert code == 0 and f"tuned ({profile})" in err, err
     code, _, err = run([*base, "--dtype", "float64", "--threads", "1"], capsys)  # another dtype: says why not
     assert code == 0 and "no tuned profile for dtype float64, threads 1" in err and "dtype float32" in err, err
+
+
+def test_serve_lookup_is_on_with_a_drafter_unless_turned_off():
+    """`anchorspec serve`'s chain (cli.serve_lookup): on by default with a drafter, its length from --lookup,
+    off with --no-lookup, and never without a drafter."""
+    import argparse
+
+    from anchorspec.cli import serve_lookup
+    from anchorspec.decode.lookup import LookupSettings
+
+    def args(**kw):
+        return argparse.Namespace(**{"drafter": "d", "lookup": None, "no_lookup": False, **kw})
+
+    assert serve_lookup(args()) == LookupSettings()
+    assert serve_lookup(args(lookup=8)) == LookupSettings(8)
+    assert serve_lookup(args(no_lookup=True)) is None
+    assert serve_lookup(args(drafter=None)) is None

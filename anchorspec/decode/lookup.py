@@ -10,8 +10,9 @@ the two paths and the drafter's own acceptance is never lost; what the lookup co
 verify rows. Its length adapts to how much the previous chain had accepted (2 * accepted + 2; 4
 after a step that found no match), so outside a repetition it adds a row or two.
 
-Greedy only: a copied token has no proposal distribution beside the drafter's, so sampled decoding
-verifies the drafter's tree alone (rejection sampling needs every node's q).
+Greedy only. A copied token is a fixed candidate, which a sampled verifier could test with probability p(x)
+(as the deterministic tree's children), but sampled text rarely repeats: along the target's own T=1 answers a
+chain would win 0.036 tokens a step, against 0.71 along its greedy answers (session 70).
 """
 
 from __future__ import annotations

@@ -87,8 +87,8 @@ class Scheduler:
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, monitor: DriftMonitor | None = None,
                  shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True,
                  lookup: LookupSettings | None = None):
-        """`lookup`: merge a context-lookup chain into greedy requests' drafts (decode/lookup.py); off by
-        default here, because in a batched round the longest chain pads every row's verify."""
+        """`lookup`: merge a context-lookup chain into greedy requests' drafts (decode/lookup.py). None here;
+        `anchorspec serve` turns it on (cli.serve_lookup: measured under load in session 70)."""
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.engine = engine
