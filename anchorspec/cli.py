@@ -690,10 +690,12 @@ def cmd_serve(args) -> int:
                   compile=_compile_choice(args.compile))
     name = args.model_name or Path(args.target.rstrip("/")).name
     api_key = args.api_key or os.environ.get("ANCHORSPEC_API_KEY")
+    lookup = serve_lookup(args)
     app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
                      shape=engine.shape if args.drafter else None, max_running=args.max_running,
-                     lookup=serve_lookup(args))
-    mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source})" if args.drafter
+                     lookup=lookup)
+    chain = f", lookup chain of up to {lookup.max_tokens} at T=0" if lookup else ", no lookup chain"
+    mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source}){chain}" if args.drafter
             else "plain decoding (no --drafter)")
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -278,6 +278,10 @@ def test_scheduler_with_a_lookup_chain_keeps_every_output(dirs, reference):
     outs = queued_then_run(scheduler, engine, prompts)
     assert [o.token_ids for o in outs] == [reference[p, False].token_ids for p in prompts]
     assert sum(o.stats.lookup_rows for o in outs) > 0
+    # /metrics says the same as the requests' stats
+    sample = scheduler.metrics.registry.get_sample_value
+    assert sample("anchorspec_lookup_drafted_tokens_total") == sum(o.stats.lookup_rows for o in outs)
+    assert sample("anchorspec_lookup_accepted_tokens_total") == sum(o.stats.lookup_tokens for o in outs)
 
 
 def test_scheduler_interleaves_requests(dirs):

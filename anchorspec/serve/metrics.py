@@ -25,6 +25,12 @@ class ServerMetrics:
         self.drafts = Counter("anchorspec_drafts", "Verified drafts (speculative steps)", registry=r)
         self.drafted_tokens = Counter("anchorspec_drafted_tokens", "Draft tokens proposed (tree nodes)", registry=r)
         self.accepted_tokens = Counter("anchorspec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.lookup_drafted_tokens = Counter("anchorspec_lookup_drafted_tokens",
+                                             "Draft tokens a context-lookup chain added beside the drafter's",
+                                             registry=r)
+        self.lookup_accepted_tokens = Counter("anchorspec_lookup_accepted_tokens",
+                                              "Accepted tokens past the drafter's own path (what the lookup chains won)",
+                                              registry=r)
         self.accepted_per_position = Counter(
             "anchorspec_accepted_tokens_per_position", "Accepted draft tokens by depth (1 = first draft token)",
             ["position"], registry=r)
@@ -86,6 +92,8 @@ class ServerMetrics:
             self.drafts.inc()
             self.drafted_tokens.inc(report.drafted)
             self.accepted_tokens.inc(report.accepted)
+            self.lookup_drafted_tokens.inc(report.lookup_rows)
+            self.lookup_accepted_tokens.inc(report.accepted - report.drafter_accepted)
             for position in range(1, report.accepted + 1):
                 self.accepted_per_position.labels(str(position)).inc()
 
