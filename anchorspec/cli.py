@@ -658,9 +658,9 @@ def cmd_tune(args) -> int:
 
 
 def serve_lookup(args) -> LookupSettings | None:
-    """The server's lookup chain: on with a drafter unless --no-lookup (load_test.py, session 70: 1.54x against
-    1.45x the plain server at one user, 1.01x against 0.94x at four; where batched verifies stop paying, the
-    monitor turns speculation off, chain and all)."""
+    """The server's lookup chain: on with a drafter unless --no-lookup (load_test.py, session 70, two runs: 1.49-1.54x
+    against 1.44-1.45x the plain server at one user; at four and sixteen users within noise of each other, where
+    the monitor turns speculation off for most steps, chain and all)."""
     if not args.drafter or args.no_lookup:
         return None
     return LookupSettings(args.lookup) if args.lookup else LookupSettings()
