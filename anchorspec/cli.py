@@ -214,8 +214,8 @@ def cmd_generate(args) -> int:
     if args.staged_verify and args.lookup:
         raise AnchorspecError("--staged-verify conflicts with --lookup: the lookup chain's rows are not in level order")
     if args.lookup and args.temperature > 0:
-        raise AnchorspecError("--lookup drafts at --temperature 0 only (a copied token has no proposal distribution "
-                              "for rejection sampling)")
+        raise AnchorspecError("--lookup drafts at --temperature 0 only (sampled text rarely repeats itself: "
+                              "decode/lookup.py)")
     if args.staged_verify and (args.adaptive or args.depth_control):
         raise AnchorspecError("--staged-verify conflicts with --adaptive/--depth-control: the controller would "
                               "see each draft split in two")
