@@ -23,15 +23,14 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import DEFAULT_DATA, greedy_answers, model_parser, target_and_drafter, write_results  # noqa: E402
+from lookup_replay import walk  # noqa: E402
 
 from anchorspec.data.corpus import corpus_parts, read_part  # noqa: E402
-from anchorspec.decode.lookup import NO_MATCH_LIMIT, ContextLookup, LookupSettings, common_prefix, merge_chain  # noqa: E402
+from anchorspec.decode.lookup import NO_MATCH_LIMIT, LookupSettings, common_prefix  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
-from anchorspec.decode.shape import GREEDY, accepted_length  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 
 END = -1  # between two conversations of the datastore
@@ -88,34 +87,22 @@ class Datastore:
         return []
 
 
-def walk(proposer, sequence: torch.Tensor, prompt_len: int, aux: torch.Tensor, shape: TreeShape,
-         store: Datastore | None, max_tokens: int, min_share: float, max_matches: int) -> np.ndarray:
-    """[tokens emitted, steps, verify rows, tokens the datastore's chain won past the drafter and lookup] of one answer."""
-    proposer.reset()
-    context = ContextLookup(LookupSettings())
-    store_limit = NO_MATCH_LIMIT
-    tokens = sequence.tolist()
-    pos, fed, emitted, steps, rows, won = prompt_len, 0, 0, 0, 0, 0
-    while pos < len(tokens) - 2:  # as in generation, the last token comes from a plain step
-        answer = tokens[pos + 1:]
-        room = len(answer) - 1
-        proposer.update(sequence[:pos + 1], aux[fed:pos])
-        fed = pos
-        tree = proposer.propose(shape.capped(room), GREEDY, None)
-        context.extend(tokens[len(context.tokens):pos + 1])
-        chain = context.propose(room)
-        if chain:
-            tree = merge_chain(tree, chain)
-        without = accepted_length(tree, answer)
-        retrieved = store.propose(tokens[:pos + 1], min(room, max_tokens, store_limit), min_share, max_matches) \
-            if store is not None else []
-        if retrieved:
-            tree = merge_chain(tree, retrieved)
-        n = accepted_length(tree, answer)
-        context.observe(common_prefix(chain, answer[:n + 1]) if chain else None)
-        store_limit = 2 * common_prefix(retrieved, answer[:n + 1]) + 2 if retrieved else NO_MATCH_LIMIT
-        steps, rows, emitted, won, pos = steps + 1, rows + tree.size, emitted + n + 1, won + n - without, pos + n + 1
-    return np.array([emitted, steps, rows, won])
+class RetrievedChain:
+    """The datastore as `lookup_replay.walk`'s second chain source, its length adapting as the lookup chain's
+    does (2 x what its last chain accepted + 2; NO_MATCH_LIMIT after no chain), at most `max_tokens`."""
+
+    def __init__(self, store: Datastore, max_tokens: int, min_share: float, max_matches: int):
+        self.store, self.max_tokens, self.min_share, self.max_matches = store, max_tokens, min_share, max_matches
+        self.limit = NO_MATCH_LIMIT
+
+    def reset(self) -> None:
+        self.limit = NO_MATCH_LIMIT
+
+    def propose(self, context: list[int], room: int) -> list[int]:
+        return self.store.propose(context, min(room, self.max_tokens, self.limit), self.min_share, self.max_matches)
+
+    def observe(self, chain: list[int], accepted: list[int]) -> None:
+        self.limit = 2 * common_prefix(chain, accepted) + 2 if chain else NO_MATCH_LIMIT
 
 
 def main(argv=None) -> int:
@@ -138,12 +125,13 @@ def main(argv=None) -> int:
     shape = TreeShape.parse(args.shape)
     store = Datastore(args.corpus, args.orders)
     print(f"datastore: {(store.tokens != END).sum() / 1e6:.2f}M tokens, orders {store.orders}, built in {store.build_s:.0f} s")
-    settings = [("drafter + lookup", None, 0, 0.0)] + [
-        (f"+ datastore, {m} tokens, share {s}", store, m, s) for m in args.max_tokens for s in args.min_share]
-    totals = {name: np.zeros(4, dtype=np.int64) for name, *_ in settings}
+    settings = [("drafter + lookup", None)] + [
+        (f"+ datastore, {m} tokens, share {s}", RetrievedChain(store, m, s, args.max_matches))
+        for m in args.max_tokens for s in args.min_share]
+    totals = {name: np.zeros(4, dtype=np.int64) for name, _ in settings}
     for sequence, prompt_len, aux in greedy_answers(target, args.data, args.limit, args.answer_tokens):
-        for name, s, max_tokens, min_share in settings:
-            totals[name] += walk(proposer, sequence, prompt_len, aux, shape, s, max_tokens, min_share, args.max_matches)
+        for name, retrieved in settings:
+            totals[name] += walk(proposer, sequence, prompt_len, aux, shape, LookupSettings(), retrieved)
     report = {}
     print(f"| {args.shape}, {args.dtype}, {args.threads} thread(s) | tau | verify rows a step | datastore tokens a step |")
     print("|---|---|---|---|")

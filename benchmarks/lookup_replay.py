@@ -31,28 +31,40 @@ CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction"
 
 
 def walk(proposer, sequence: torch.Tensor, prompt_len: int, aux: torch.Tensor, shape: TreeShape,
-         lookup: LookupSettings | None) -> tuple[int, int, int]:
-    """(accepted tokens incl. each step's target token, steps, verify rows) of one greedy answer."""
+         lookup: LookupSettings | None, extra=None) -> tuple[int, int, int, int]:
+    """(accepted tokens incl. each step's target token, steps, verify rows, tokens `extra`'s chain won past the
+    drafter and the lookup chain) of one greedy answer. `extra` is an optional second chain source merged last
+    (datastore_replay's): reset(), propose(context, room) -> chain, observe(chain, accepted tokens)."""
     proposer.reset()
     context = ContextLookup(lookup) if lookup else None
+    if extra is not None:
+        extra.reset()
     tokens = sequence.tolist()
-    pos, fed, emitted, steps, rows = prompt_len, 0, 0, 0, 0
+    pos, fed, emitted, steps, rows, won = prompt_len, 0, 0, 0, 0, 0
     while pos < len(tokens) - 2:  # as in generation, the last token comes from a plain step
         answer = tokens[pos + 1:]
+        room = len(answer) - 1
         proposer.update(sequence[:pos + 1], aux[fed:pos])
         fed = pos
-        tree = proposer.propose(shape.capped(len(answer) - 1), GREEDY, None)
+        tree = proposer.propose(shape.capped(room), GREEDY, None)
+        chain = None
         if context is not None:
             context.extend(tokens[len(context.tokens):pos + 1])
-            chain = context.propose(len(answer) - 1)
+            chain = context.propose(room)
             if chain:
                 tree = merge_chain(tree, chain)
-            n = accepted_length(tree, answer)
+        n = accepted_length(tree, answer)
+        if extra is not None:
+            more = extra.propose(tokens[:pos + 1], room)
+            if more:
+                tree = merge_chain(tree, more)
+                n, without = accepted_length(tree, answer), n
+                won += n - without
+            extra.observe(more, answer[:n + 1])
+        if context is not None:
             context.observe(common_prefix(chain, answer[:n + 1]) if chain else None)
-        else:
-            n = accepted_length(tree, answer)
         steps, rows, emitted, pos = steps + 1, rows + tree.size, emitted + n + 1, pos + n + 1
-    return emitted, steps, rows
+    return emitted, steps, rows, won
 
 
 def main(argv=None) -> int:
@@ -77,7 +89,7 @@ def main(argv=None) -> int:
                 got = walk(proposer, sequence, prompt_len, aux, shape, LookupSettings(tokens) if tokens else None)
                 for group in groups:
                     row = totals[group][f"{shape.top_k},{shape.depth},{shape.total_tokens} lookup {tokens}"]
-                    for k in range(3):
+                    for k in range(3):  # the fourth count is an extra chain's, which this script has none of
                         row[k] += got[k]
     report = {}
     print(f"| prompts ({args.dtype}, {args.threads} thread(s), {args.answer_tokens} answer tokens) | shape, lookup "

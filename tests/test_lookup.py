@@ -233,9 +233,10 @@ def test_replay_benchmark_walks_as_the_engine_decodes():
     sequence = torch.cat([PROMPTS[0], torch.tensor(answer)])
     aux = captured_states(target, sequence)
     shape = TreeShape(2, 3, 6)
-    emitted, steps, _ = walk(proposer, sequence, len(PROMPTS[0]), aux, shape, None)
+    emitted, steps, _, won = walk(proposer, sequence, len(PROMPTS[0]), aux, shape, None)
+    assert won == 0
     assert emitted / steps == pytest.approx(replay(target, proposer, sequence, len(PROMPTS[0]), shape, aux=aux).tau)
-    emitted, steps, rows = walk(proposer, sequence, len(PROMPTS[0]), aux, shape, LOOKUP)
+    emitted, steps, rows, _ = walk(proposer, sequence, len(PROMPTS[0]), aux, shape, LOOKUP)
     real = generate_speculative(target, proposer, PROMPTS[0], cfg, shape, lookup=LOOKUP).stats
     assert (emitted, steps) == (real.accepted_tokens + real.verify_steps, real.verify_steps)
     assert rows == real.drafted_tokens + real.verify_steps  # the root's row too
