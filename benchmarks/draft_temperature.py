@@ -87,16 +87,17 @@ def sampled_candidates_acceptance(p: torch.Tensor, q: torch.Tensor, k: int, samp
     recursive rejection sampling; averaged over `samples` draws of the candidates, exact over the accept coins.
     p, q: [R, V] over the draft vocabulary; p's missing mass is the target's outside it (q has none there)."""
     R, V = p.shape
+    p, q = p.float(), q.float()  # an estimate: float32 halves the [R, samples, V] work
     P = torch.cat([p, (1 - p.sum(-1, keepdim=True)).clamp(min=0)], -1).unsqueeze(1).expand(R, samples, V + 1).clone()
     Q = torch.cat([q, q.new_zeros(R, 1)], -1).unsqueeze(1).expand(R, samples, V + 1).clone()
     gumbel = -torch.log(-torch.log(torch.rand(R, samples, V, generator=generator, dtype=q.dtype).clamp(min=1e-12)))
     order = (q.log().unsqueeze(1) + gumbel).topk(k, dim=-1).indices  # the Gumbel top-k: a draw without replacement
-    missed = torch.ones(R, samples, dtype=q.dtype)
+    missed = torch.ones(R, samples, dtype=torch.float64)
     out = []
     for i in range(k):
         x = order[..., i:i + 1]
         px, qx = P.gather(-1, x).squeeze(-1), Q.gather(-1, x).squeeze(-1)
-        missed = missed * (1 - torch.where(qx > 0, (px / qx).clamp(max=1), torch.ones_like(qx)))
+        missed = missed * (1 - torch.where(qx > 0, (px / qx).clamp(max=1), torch.ones_like(qx))).double()
         out.append(1 - missed.mean(-1))
         P = (P - Q).clamp(min=0)
         P = P / P.sum(-1, keepdim=True).clamp(min=1e-30)

@@ -23,7 +23,8 @@ from helpers import VOCAB, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SHAPES = [TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape(2, 5, 10), TreeShape.chain(1), TreeShape(3, 2, 7)]
+SHAPES = [TreeShape(4, 4, 16), TreeShape.chain(3), TreeShape(2, 5, 11), TreeShape.chain(1), TreeShape(3, 2, 7)]
+# (2, 5, 11): deep enough sampled too, where two chains of 5 need 10 rows beside the root
 # context lengths; two are wider than WIDE: their first passes share a forward of their own
 CONTEXTS = [5, 12, WIDE + 9, 3, 20, WIDE + 20]
 SHAPES = SHAPES + [TreeShape(2, 3, 6)]

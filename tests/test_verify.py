@@ -183,6 +183,64 @@ def _tree_inputs(prefix):
     return DraftTree(torch.tensor(tokens), parents), target
 
 
+def sampled_tree_step(prefix: tuple[int, ...], gen, verify, order=None) -> tuple[Verdict, list[int]]:
+    """Children drawn from the drafter's q without replacement (TREE_WIDTHS per level, fewer where q has fewer
+    tokens), kept in draw order, each child's draft_probs row its parent's q. `order` (a negative control)
+    re-sorts each node's children before verification."""
+    tokens, parents, ctx, qrows = [prefix[-1] if prefix else 0], [-1], [prefix], [torch.zeros(V, dtype=torch.float64)]
+    frontier = [0]
+    for width in TREE_WIDTHS:
+        new = []
+        for node in frontier:
+            q = dist(DRAFTER, ctx[node])
+            left = q.clone()
+            drawn = []
+            for _ in range(min(width, int((q > 0).sum()))):
+                c = left.cumsum(0).tolist()
+                u = float(torch.rand((), generator=gen, dtype=torch.float64))
+                x = min(bisect.bisect_right(c, u * c[-1]), V - 1)
+                while left[x] == 0:  # float edge: land on a token that is left
+                    x -= 1
+                drawn.append(x)
+                left[x] = 0
+            if order is not None:
+                drawn = order(drawn, q)
+            for tok in drawn:
+                tokens.append(tok)
+                parents.append(node)
+                ctx.append(ctx[node] + (tok,))
+                qrows.append(q)
+                new.append(len(tokens) - 1)
+        frontier = new
+    target = torch.stack([dist(TARGET, c) for c in ctx])
+    v = verify(DraftTree(torch.tensor(tokens), parents, draft_probs=torch.stack(qrows)), target, gen)
+    return v, [tokens[i] for i in v.path[1:]] + [v.next_token]
+
+
+def by_q(drawn: list[int], q: torch.Tensor) -> list[int]:
+    """The drawn candidates tried most likely first: no longer a draw in order (lossy)."""
+    return sorted(drawn, key=lambda x: -float(q[x]))
+
+
+def verify_sampled_tree_residual_is_p(tree, target_probs, gen) -> Verdict:
+    """Lossy: every sampled sibling tested with min(1, p/q) against the node's unchanged p (no residual)."""
+    tokens, node, path = tree.tokens.tolist(), 0, [0]
+    while True:
+        p = target_probs[node]
+        children = tree.children[node]
+        q = tree.draft_probs[children[0]].clone() if children else None
+        for child in children:
+            x = tokens[child]
+            if float(torch.rand((), generator=gen, dtype=torch.float64)) < acceptance_probability(p[x], q[x]):
+                node = child
+                path.append(node)
+                break
+            q[x] = 0
+            q = q / q.sum() if q.sum() > 0 else q
+        else:
+            return Verdict(path, sample(p, gen))
+
+
 def simulate(step, verify, n: int, seed: int):
     """n independent generations from an empty context; returns the first OUT emitted tokens of
     each [n, OUT] and every verdict (for the coverage checks)."""
@@ -286,6 +344,31 @@ def test_tree_sampling_matches_target_per_position():
     # non-first siblings get accepted too (the renormalize-and-retry branch)
     # depth-1 nodes are 1, 2, 3 in drafter order, so nodes 2 and 3 are non-first siblings
     assert sum(v.path[1] in (2, 3) for v in verdicts if v.accepted) > 0.05 * N_RUNS
+
+
+def test_sampled_tree_matches_target_per_position():
+    """Children drawn from q without replacement, verified by recursive rejection sampling (the residual)."""
+    samples, verdicts = simulate(sampled_tree_step, verify_tree_sampling, N_RUNS, seed=5)
+    assert_matches_target(position_pvalues(samples))
+    depths = torch.bincount(torch.tensor([v.accepted for v in verdicts]), minlength=3)
+    assert (depths > 0.05 * N_RUNS).all(), depths
+    later = sum(v.path[1] != 1 for v in verdicts if v.accepted)  # a sibling after a rejected first draw
+    assert later > 0.05 * N_RUNS
+
+
+@pytest.mark.parametrize(
+    "step, verify",
+    [(functools.partial(sampled_tree_step, order=by_q), verify_tree_sampling),
+     (sampled_tree_step, verify_sampled_tree_residual_is_p)],
+    ids=["sampled-tree-tried-by-q", "sampled-tree-residual-is-p"],
+)
+def test_sampled_tree_negative_controls_are_detected(step, verify):
+    """Sampled siblings re-sorted by q (the draw order lost), or tested against p itself: lossy, and detected."""
+    samples, _ = simulate(step, verify, N_NEGATIVE * 2, seed=6)
+    pvalues = position_pvalues(samples)
+    with pytest.raises(AssertionError):
+        assert_matches_target(pvalues)
+    assert min(pvalues.values()) < 1e-8, pvalues
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ def _verify(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, gen) 
     if params.greedy:
         return verify_greedy(tree, logits)
     probs = probs_from_logits(logits, params)
-    if tree.draft_probs is not None:
+    if tree.draft_probs is not None and tree.is_chain:
         return verify_chain_sampling(tree, probs, gen)
     return verify_tree_sampling(tree, probs, gen)
 

@@ -23,8 +23,8 @@ from ..models.dtype import argmax_last
 from .batch import BatchKV, KVSlot
 from .drafting import DraftPass, Program, run_program
 from .program import run_nested
-from .sampling import SamplingParams, probs_from_logits, sample
-from .tree import DraftTree, TreeShape, dynamic_tree
+from .sampling import SamplingParams, probs_from_logits, sample, sample_without_replacement
+from .tree import DraftTree, TreeShape, dynamic_tree, sampled_tree
 
 
 class Proposer(Protocol):
@@ -125,7 +125,8 @@ class EagleProposer:
 
     def propose_passes(self, shape: TreeShape, params: SamplingParams, generator: torch.Generator | None) -> Program:
         committed = self.cache.length
-        tree = yield from (self._chain(shape.depth, params, generator) if shape.is_chain else self._tree(shape))
+        tree = yield from (self._chain(shape.depth, params, generator) if shape.is_chain
+                           else self._tree(shape, params, generator))
         self.cache.crop(committed)  # drop the speculative rows
         return tree
 
@@ -153,14 +154,27 @@ class EagleProposer:
         probs = torch.stack([torch.zeros_like(qs[0])] + qs) if qs else None
         return DraftTree(torch.tensor(tokens), list(range(-1, len(tokens) - 1)), draft_probs=probs)
 
-    def _tree(self, shape: TreeShape) -> Program:
+    def _tree(self, shape: TreeShape, params: SamplingParams, generator) -> Program:
+        """Greedy: each expanded node's top-k tokens, scored by cumulative log-prob (EAGLE-2's dynamic tree).
+        Sampling: top_k tokens drawn from the root's q without replacement, a sampled chain below each
+        (`sampled_tree`), every q kept for recursive rejection (decode/verify.py)."""
         n = self.cache.length
         k = shape.top_k
         written = 0  # speculative rows in the cache after the n committed ones
         ancestry: dict[int, list[int]] = {-1: []}  # candidate id -> speculative rows of itself and ancestors
         out_hidden: dict[int, torch.Tensor] = {-1: self.hidden}
         depth: dict[int, int] = {-1: 0}
-        first = torch.topk(torch.log_softmax(self.logits, dim=-1), k)
+
+        def candidates(logits: torch.Tensor, width: int):
+            """logits [m, Vd]: target ids [m, width], log-probs [m, width] (-inf: a draw q gave no mass),
+            and for sampled drafts q over the target vocabulary [m, V]."""
+            if params.greedy:
+                top = torch.topk(torch.log_softmax(logits, dim=-1), width, dim=-1)
+                return self.draft_to_target[top.indices], top.values, None
+            q = probs_from_logits(logits, params)
+            drawn = sample_without_replacement(q, width, generator)
+            full = torch.zeros(q.shape[0], self.vocab_size, dtype=q.dtype, device=q.device)
+            return self.draft_to_target[drawn], q.gather(-1, drawn).log(), full.index_copy_(1, self.draft_to_target, q)
 
         def expand(request) -> Program:
             nodes, toks, parents = request
@@ -179,10 +193,12 @@ class EagleProposer:
             written += len(nodes)
             for i, node in enumerate(nodes):
                 out_hidden[node] = out.hidden[i]
-            top = torch.topk(torch.log_softmax(out.logits, dim=-1), k, dim=-1)
+            tokens, scores, probs = candidates(out.logits, k if params.greedy else 1)
             # a drifted node's children score -inf: the expansion never keeps them
-            return self.draft_to_target[top.indices], top.values.masked_fill(self.drifted(out.state_norm)[:, None],
-                                                                             float("-inf"))
+            scores = scores.masked_fill(self.drifted(out.state_norm)[:, None], float("-inf"))
+            return (tokens, scores) if probs is None else (tokens, scores, probs)
 
-        expansion = dynamic_tree(self.root, self.draft_to_target[first.indices], first.values, shape)
+        tokens, scores, probs = candidates(self.logits.view(1, -1), k)
+        expansion = (dynamic_tree(self.root, tokens[0], scores[0], shape) if probs is None
+                     else sampled_tree(self.root, tokens[0], scores[0], probs[0], shape))
         return (yield from run_nested(expansion, expand))

@@ -67,6 +67,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return i
 
 
+def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """[..., k] indices drawn from each row of `probs` without replacement, in draw order: the k largest of
+    log p + Gumbel noise (the Gumbel top-k trick). A row with fewer than k tokens of positive probability
+    ends with zero-probability indices, which callers must drop. Uniforms come from the generator's device."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64, device=device).to(probs.device)
+    keys = probs.to(torch.float64).log() - torch.log(-torch.log(u.clamp(min=1e-300)))
+    return keys.topk(k, dim=-1).indices
+
+
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """The target's next token from one row of logits: argmax for greedy, else a draw."""
     if params.greedy:

@@ -67,7 +67,7 @@ class TreeShape:
 class DraftTree:
     tokens: torch.Tensor  # [N] target token ids, tokens[0] = root
     parents: list[int]  # parents[0] = -1
-    draft_probs: torch.Tensor | None = None  # [N, V] proposal q for each node's token (sampled chains only)
+    draft_probs: torch.Tensor | None = None  # [N, V] the q each node's token was drawn from (sampled drafts)
     depths: list[int] = field(init=False)
     children: list[list[int]] = field(init=False)
 
@@ -227,6 +227,44 @@ def dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.
     tree_parents = [-1] + [0 if parents[c] == -1 else index[parents[c]] for c in kept]
     tree_tokens = torch.tensor([root_token] + [tokens[c] for c in kept], dtype=torch.long)
     return DraftTree(tokens=tree_tokens, parents=tree_parents)
+
+
+def sampled_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor, first_probs: torch.Tensor,
+                 shape: TreeShape) -> Generator[Expansion, tuple, DraftTree]:
+    """A sampled tree as a program (the shape of `dynamic_tree`'s): `first_tokens` are top_k draws from the
+    root's q without replacement, in draw order (`first_logp` their log q, -inf for a draw q gave no
+    mass: no node); below each, a sampled chain, one draw a node, as deep as `depth` and
+    `total_tokens` allow for every chain. The expander answers (tokens [rows, 1], log q [rows, 1], q
+    [rows, V]); each node carries its parent's q as its draft_probs row.
+
+    Recursive rejection (decode/verify.py) needs a node's children to be exactly its draws, whatever
+    they turned out to be, so nothing here depends on a draw's value: the root keeps all its draws,
+    every chain is as long as the others (a -inf draw ends its chain: the drafter pruned it), and
+    multi-candidate gains sit at the first level, where they weigh most (SpecTr's k drafts of one
+    length).
+    """
+    width = len([x for x in first_logp[:shape.top_k].tolist() if x > float("-inf")])
+    tokens = first_tokens[:width].tolist()  # draws of q = 0 come last (the Gumbel keys of -inf)
+    parents = [-1] * width
+    q_rows = [first_probs] * width
+    depth = min(shape.depth, (shape.total_tokens - 1) // max(width, 1))
+    tips = list(range(width))
+    for _level in range(2, depth + 1):
+        if not tips:
+            break
+        child_tokens, child_logp, child_probs = yield tips, [tokens[i] for i in tips], [parents[i] for i in tips]
+        logp = child_logp.to("cpu", torch.float64)[:, 0].tolist()
+        new = []
+        for row, (tip, token) in enumerate(zip(tips, child_tokens[:, 0].tolist())):
+            if logp[row] > float("-inf"):
+                tokens.append(token)
+                parents.append(tip)
+                q_rows.append(child_probs[row])
+                new.append(len(tokens) - 1)
+        tips = new
+    tree_parents = [-1] + [p + 1 for p in parents]  # candidate i is node i + 1; the root's children point at 0
+    draft_probs = torch.stack([torch.zeros_like(first_probs)] + q_rows)
+    return DraftTree(torch.tensor([root_token] + tokens, dtype=torch.long), tree_parents, draft_probs=draft_probs)
 
 
 def build_dynamic_tree(root_token: int, first_tokens: torch.Tensor, first_logp: torch.Tensor,

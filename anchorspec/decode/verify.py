@@ -3,9 +3,11 @@
 - greedy: walk down from the root, following the child equal to the target's argmax.
 - sampled chain: standard speculative sampling, accept x with min(1, p(x)/q(x)), else draw from
   normalize(max(p - q, 0)); bonus from p after a fully accepted chain.
-- sampled tree: recursive multi-draft rejection with deterministic (top-k) drafts, q = 1
-  ("target-only", spec §7): try the children in order, accept x with probability p(x), otherwise
-  set p(x) = 0, renormalize, try the next child; if all fail, draw from what is left of p.
+- sampled tree: recursive multi-draft rejection over each node's children, in order. With
+  deterministic (top-k) drafts, q = 1 ("target-only", spec §7): accept x with probability p(x),
+  otherwise set p(x) = 0, renormalize, try the next child. With children drawn from q without
+  replacement (their q kept, as a chain's): accept with min(1, p/q), otherwise p = norm(max(p - q,
+  0)) and q loses x. If all fail, draw from what is left of p.
 All three return the accepted root-to-node path and one token drawn from the target, so the
 output distribution is exactly the target's.
 
@@ -85,19 +87,41 @@ def verify_chain_sampling(tree: DraftTree, target_probs: torch.Tensor, generator
 
 
 def verify_tree_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
-    """target_probs [N, V] (already temperature/top-k/top-p processed)."""
+    """target_probs [N, V] (already temperature/top-k/top-p processed). Each node's children are tried in
+    their order. Without tree.draft_probs they are deterministic (top-k) drafts, q a point mass on each
+    (spec §7's q = 1). With it, they were drawn from their parent's q (every child's row) without replacement,
+    in this order: recursive rejection sampling (Jeon et al. 2024) accepts x with min(1, p(x) / q(x)), and
+    after a rejection continues with p = norm(max(p - q, 0)) and q without x, renormalised."""
     tokens = tree.tokens.tolist()
     node, path = 0, [0]
     while True:
         p = target_probs[node].clone()
-        for child in tree.children[node]:
+        children = tree.children[node]
+        if tree.draft_probs is not None and children:
+            p = p / p.sum()
+            q = tree.draft_probs[children[0]].to(p.dtype).clone()
+        else:
+            q = None
+        for child in children:
             x = tokens[child]
-            if _uniform(generator) < acceptance_probability(p[x] / p.sum(), torch.ones((), dtype=p.dtype)):
+            if q is None:
+                chance = acceptance_probability(p[x] / p.sum(), torch.ones((), dtype=p.dtype))
+            else:
+                chance = acceptance_probability(p[x], q[x])
+            if _uniform(generator) < chance:
                 if child >= target_probs.shape[0]:
                     return Verdict(path, x, held=child)
                 node = child
                 path.append(node)
                 break
-            p[x] = 0
+            if q is None:
+                p[x] = 0
+                continue
+            residual = torch.clamp(p - q, min=0)
+            if residual.sum() > 0:  # 0 only where p == q, which rejects with probability 0: keep p then
+                p = residual / residual.sum()
+            q[x] = 0
+            if q.sum() > 0:
+                q = q / q.sum()
         else:
             return Verdict(path, sample(p / p.sum(), generator))
