@@ -124,6 +124,6 @@ def test_tree_drafting_matches_chain_drafting_on_the_top_branch():
     """With top_k=1 the dynamic tree must reproduce greedy chain drafting exactly (same masks, positions)."""
     proposer = _primed_proposer()
     chain = proposer.propose(TreeShape.chain(5), SamplingParams(), None)
-    tree = run_program(proposer._tree(TreeShape(1, 5, 6)))  # the tree path, forced
+    tree = run_program(proposer._tree(TreeShape(1, 5, 6), SamplingParams(), None))  # the tree path, forced
     assert tree.tokens.tolist() == chain.tokens.tolist()
     assert tree.parents == chain.parents
