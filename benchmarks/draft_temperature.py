@@ -35,6 +35,7 @@ import torch
 
 from anchorspec.api import attach_drafter
 from anchorspec.data.corpus import CorpusExample, read_part
+from anchorspec.decode.sampling import sample_without_replacement
 from anchorspec.models.drafter import load_drafter
 from anchorspec.models.target import load_target
 from anchorspec.train.ttt import ttt_forward
@@ -90,8 +91,7 @@ def sampled_candidates_acceptance(p: torch.Tensor, q: torch.Tensor, k: int, samp
     p, q = p.float(), q.float()  # an estimate: float32 halves the [R, samples, V] work
     P = torch.cat([p, (1 - p.sum(-1, keepdim=True)).clamp(min=0)], -1).unsqueeze(1).expand(R, samples, V + 1).clone()
     Q = torch.cat([q, q.new_zeros(R, 1)], -1).unsqueeze(1).expand(R, samples, V + 1).clone()
-    gumbel = -torch.log(-torch.log(torch.rand(R, samples, V, generator=generator, dtype=q.dtype).clamp(min=1e-12)))
-    order = (q.log().unsqueeze(1) + gumbel).topk(k, dim=-1).indices  # the Gumbel top-k: a draw without replacement
+    order = sample_without_replacement(q.unsqueeze(1).expand(R, samples, V), k, generator)  # the engine's draw
     missed = torch.ones(R, samples, dtype=torch.float64)
     out = []
     for i in range(k):
