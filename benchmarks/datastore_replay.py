@@ -29,7 +29,7 @@ from bench_core import DEFAULT_DATA, greedy_answers, model_parser, target_and_dr
 from lookup_replay import walk  # noqa: E402
 
 from anchorspec.data.corpus import corpus_parts, read_part  # noqa: E402
-from anchorspec.decode.lookup import NO_MATCH_LIMIT, LookupSettings, common_prefix  # noqa: E402
+from anchorspec.decode.lookup import NO_MATCH_LIMIT, LookupSettings, common_prefix, next_chain_length  # noqa: E402
 from anchorspec.decode.propose import EagleProposer  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 
@@ -89,7 +89,7 @@ class Datastore:
 
 class RetrievedChain:
     """The datastore as `lookup_replay.walk`'s second chain source, its length adapting as the lookup chain's
-    does (2 x what its last chain accepted + 2; NO_MATCH_LIMIT after no chain), at most `max_tokens`."""
+    does (`next_chain_length`), at most `max_tokens`."""
 
     def __init__(self, store: Datastore, max_tokens: int, min_share: float, max_matches: int):
         self.store, self.max_tokens, self.min_share, self.max_matches = store, max_tokens, min_share, max_matches
@@ -102,7 +102,7 @@ class RetrievedChain:
         return self.store.propose(context, min(room, self.max_tokens, self.limit), self.min_share, self.max_matches)
 
     def observe(self, chain: list[int], accepted: list[int]) -> None:
-        self.limit = 2 * common_prefix(chain, accepted) + 2 if chain else NO_MATCH_LIMIT
+        self.limit = next_chain_length(common_prefix(chain, accepted) if chain else None)
 
 
 def main(argv=None) -> int:

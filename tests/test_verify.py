@@ -21,7 +21,6 @@ from anchorspec.decode.tree import DraftTree
 from anchorspec.decode.verify import (
     Verdict,
     acceptance_probability,
-    verify_chain_sampling,
     verify_greedy,
     verify_tree_sampling,
 )
@@ -312,7 +311,7 @@ def ignore_q(p_x, q_x) -> float:
 
 def verify_chain_residual_is_p(tree, target_probs, gen) -> Verdict:
     """Lossy chain verifier: after a rejection, the correction comes from p instead of norm(max(p - q, 0))."""
-    v = verify_chain_sampling(tree, target_probs, gen)
+    v = verify_tree_sampling(tree, target_probs, gen)
     if v.accepted < tree.size - 1:
         v = Verdict(v.path, sample(target_probs[v.path[-1]], gen))
     return v
@@ -329,7 +328,7 @@ def test_synthetic_models_disagree():
 
 
 def test_chain_sampling_matches_target_per_position():
-    samples, verdicts = simulate(chain_step, verify_chain_sampling, N_RUNS, seed=1)
+    samples, verdicts = simulate(chain_step, verify_tree_sampling, N_RUNS, seed=1)
     assert_matches_target(position_pvalues(samples))
     # every branch of the verifier was exercised: rejection at each draft, and the bonus
     accepted = torch.bincount(torch.tensor([v.accepted for v in verdicts]), minlength=CHAIN_K + 1)
@@ -374,9 +373,9 @@ def test_sampled_tree_negative_controls_are_detected(step, verify):
 @pytest.mark.parametrize(
     "step, verify, patch",
     [
-        (chain_step, verify_chain_sampling, always_accept),
+        (chain_step, verify_tree_sampling, always_accept),
         (tree_step, verify_tree_sampling, always_accept),
-        (chain_step, verify_chain_sampling, ignore_q),
+        (chain_step, verify_tree_sampling, ignore_q),
         (chain_step, verify_chain_residual_is_p, None),
     ],
     ids=["chain-always-accept", "tree-always-accept", "chain-acceptance-ignores-q", "chain-residual-is-p"],
@@ -397,10 +396,10 @@ def test_negative_control_is_detected(monkeypatch, step, verify, patch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step, verify", [(chain_step, verify_chain_sampling), (tree_step, verify_tree_sampling)])
-def test_same_seed_same_verdicts_different_seed_differs(step, verify):
+@pytest.mark.parametrize("step", [chain_step, tree_step], ids=["chain", "tree"])
+def test_same_seed_same_verdicts_different_seed_differs(step):
     def run(seed):
-        _, verdicts = simulate(step, verify, 300, seed)
+        _, verdicts = simulate(step, verify_tree_sampling, 300, seed)
         return [(v.path, v.next_token) for v in verdicts]
 
     assert run(11) == run(11)
@@ -428,7 +427,7 @@ def test_chain_q_equal_p_is_never_rejected(dtype):
         q = torch.cat([torch.zeros(1, v, dtype=dtype), p[:k]])
         for i, x in enumerate(drafts):
             assert acceptance_probability(p[i, x], q[i + 1, x]) == 1.0
-        verdict = verify_chain_sampling(chain([0, *drafts], q), p, g)
+        verdict = verify_tree_sampling(chain([0, *drafts], q), p, g)
         assert verdict.path == [0, 1, 2, 3]
         assert p[k, verdict.next_token] > 0
 
@@ -443,7 +442,7 @@ def test_chain_disjoint_supports_always_rejected_and_correction_from_p(dtype):
     counts = torch.zeros(v)
     for _ in range(1500):
         drafts = [sample(q, g), sample(q, g)]
-        verdict = verify_chain_sampling(chain([0, *drafts], torch.stack([q, q, q])), target, g)
+        verdict = verify_tree_sampling(chain([0, *drafts], torch.stack([q, q, q])), target, g)
         assert verdict.path == [0]
         counts[verdict.next_token] += 1
     assert counts[3:].sum() == 0  # nothing outside p's support
@@ -472,7 +471,7 @@ def test_chain_never_emits_zero_probability_tokens(dtype):
         else:
             q_rows = torch.stack([_rand_probs(g, v, 0.5, dtype) for _ in range(k)])
         drafts = [sample(q_rows[i], g) for i in range(k)]
-        verdict = verify_chain_sampling(chain([0, *drafts], torch.cat([torch.zeros(1, v, dtype=dtype), q_rows])), p, g)
+        verdict = verify_tree_sampling(chain([0, *drafts], torch.cat([torch.zeros(1, v, dtype=dtype), q_rows])), p, g)
         for node in verdict.path[1:]:
             assert p[node - 1, drafts[node - 1]] > 0
         assert 0 <= verdict.next_token < v

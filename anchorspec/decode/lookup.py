@@ -28,6 +28,13 @@ from .tree import DraftTree
 NO_MATCH_LIMIT = 4  # a chain's length after a step that found no match (replayed on MT-bench: session 69)
 
 
+def next_chain_length(accepted: int | None) -> int:
+    """The adaptive length of a copied or retrieved chain: 2 * what the last one accepted + 2, so a run of
+    full acceptances grows it fast and a miss shrinks it to two rows; NO_MATCH_LIMIT when no chain was
+    proposed (no occurrence says nothing against copying)."""
+    return NO_MATCH_LIMIT if accepted is None else 2 * accepted + 2
+
+
 @dataclass(frozen=True)
 class LookupSettings:
     """`max_tokens`: the longest chain; `min_match`, `max_match`: the suffix lengths looked up (the
@@ -89,7 +96,7 @@ class ContextLookup:
     def observe(self, accepted: int | None) -> None:
         """How many of the last proposed chain's tokens the target accepted; None: no chain was proposed
         (no earlier occurrence), which says nothing against copying, so the next one starts mid-length."""
-        self.limit = NO_MATCH_LIMIT if accepted is None else 2 * accepted + 2
+        self.limit = next_chain_length(accepted)
 
 
 def merge_chain(tree: DraftTree, chain: list[int]) -> DraftTree:

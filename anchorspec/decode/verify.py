@@ -1,15 +1,14 @@
 """Verification: which drafted tokens the target accepts, and the token it adds (pure functions).
 
 - greedy: walk down from the root, following the child equal to the target's argmax.
-- sampled chain: standard speculative sampling, accept x with min(1, p(x)/q(x)), else draw from
-  normalize(max(p - q, 0)); bonus from p after a fully accepted chain.
-- sampled tree: recursive multi-draft rejection over each node's children, in order. With
-  deterministic (top-k) drafts, q = 1 ("target-only", spec §7): accept x with probability p(x),
-  otherwise set p(x) = 0, renormalize, try the next child. With children drawn from q without
-  replacement (their q kept, as a chain's): accept with min(1, p/q), otherwise p = norm(max(p - q,
-  0)) and q loses x. If all fail, draw from what is left of p.
-All three return the accepted root-to-node path and one token drawn from the target, so the
-output distribution is exactly the target's.
+- sampled: recursive multi-draft rejection over each node's children, in order. With deterministic
+  (top-k) drafts, q = 1 ("target-only", spec §7): accept x with probability p(x), otherwise set
+  p(x) = 0, renormalize, try the next child. With children drawn from q without replacement (their q
+  kept): accept with min(1, p/q), otherwise p = norm(max(p - q, 0)) and q loses x. If all fail, draw
+  from what is left of p. A sampled chain is the one-child case: standard speculative sampling, with
+  the bonus from p after a fully accepted chain.
+Both return the accepted root-to-node path and one token drawn from the target, so the output
+distribution is exactly the target's.
 
 The logits may cover only the first R nodes (staged verification, decode/engine.py: a depth-ordered
 tree whose deepest levels were not forwarded). A node past them can still be accepted, since its
@@ -46,6 +45,9 @@ def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> float:
     return float(torch.clamp(p_x / q_x, max=1.0))
 
 
+_POINT_MASS = torch.tensor(1.0, dtype=torch.float64)  # q(x) of a deterministic draft
+
+
 def _uniform(generator) -> float:
     return float(torch.rand((), generator=generator, dtype=torch.float64))
 
@@ -64,58 +66,31 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
         path.append(node)
 
 
-def verify_chain_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
-    """target_probs [N, V]; tree.draft_probs [N, V] holds q for each drafted node (row 0 unused)."""
-    if tree.parents != list(range(-1, tree.size - 1)) or tree.draft_probs is None:
-        raise ValueError("verify_chain_sampling needs a chain with draft probabilities")
-    q_all = tree.draft_probs
-    node, path = 0, [0]
-    for child in range(1, tree.size):
-        x = int(tree.tokens[child])
-        p, q = target_probs[node], q_all[child].to(target_probs.dtype)
-        if _uniform(generator) < acceptance_probability(p[x], q[x]):
-            if child >= target_probs.shape[0]:
-                return Verdict(path, x, held=child)
-            node = child
-            path.append(node)
-            continue
-        residual = torch.clamp(p - q, min=0)
-        total = residual.sum()
-        # total == 0 means p == q, where a rejection has probability 0; fall back to p for safety
-        return Verdict(path, sample(residual / total if total > 0 else p, generator))
-    return Verdict(path, sample(target_probs[node], generator))
-
-
 def verify_tree_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
     """target_probs [N, V] (already temperature/top-k/top-p processed). Each node's children are tried in
     their order. Without tree.draft_probs they are deterministic (top-k) drafts, q a point mass on each
     (spec §7's q = 1). With it, they were drawn from their parent's q (every child's row) without replacement,
     in this order: recursive rejection sampling (Jeon et al. 2024) accepts x with min(1, p(x) / q(x)), and
-    after a rejection continues with p = norm(max(p - q, 0)) and q without x, renormalised."""
+    after a rejection continues with p = norm(max(p - q, 0)) and q without x, renormalised. A chain with
+    draft_probs is the one-child case: standard speculative sampling."""
     tokens = tree.tokens.tolist()
     node, path = 0, [0]
     while True:
-        p = target_probs[node].clone()
+        p = target_probs[node]
         children = tree.children[node]
-        if tree.draft_probs is not None and children:
-            p = p / p.sum()
-            q = tree.draft_probs[children[0]].to(p.dtype).clone()
-        else:
-            q = None
+        q = tree.draft_probs[children[0]].to(p.dtype).clone() if tree.draft_probs is not None and children else None
         for child in children:
             x = tokens[child]
-            if q is None:
-                chance = acceptance_probability(p[x] / p.sum(), torch.ones((), dtype=p.dtype))
-            else:
-                chance = acceptance_probability(p[x], q[x])
-            if _uniform(generator) < chance:
+            if _uniform(generator) < acceptance_probability(p[x], q[x] if q is not None else _POINT_MASS):
                 if child >= target_probs.shape[0]:
                     return Verdict(path, x, held=child)
                 node = child
                 path.append(node)
                 break
-            if q is None:
+            if q is None:  # x is ruled out: try the next child under p without it
+                p = p.clone()
                 p[x] = 0
+                p = p / p.sum()
                 continue
             residual = torch.clamp(p - q, min=0)
             if residual.sum() > 0:  # 0 only where p == q, which rejects with probability 0: keep p then
@@ -124,4 +99,4 @@ def verify_tree_sampling(tree: DraftTree, target_probs: torch.Tensor, generator)
             if q.sum() > 0:
                 q = q / q.sum()
         else:
-            return Verdict(path, sample(p / p.sum(), generator))
+            return Verdict(path, sample(p, generator))
