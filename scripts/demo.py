@@ -9,6 +9,12 @@ lines go to stderr. Progress bars appear on a terminal only (stderr), never in a
 
     python3 scripts/demo.py                                   # the prompts the project ships
     python3 scripts/demo.py --prompts ../shared/data/mt_bench/question.jsonl --limit 10 --json
+
+Where the timed run's dtype is not float32 (bfloat16, the fast one on many CPUs), its outputs can part from
+plain decoding's at a near-tie: a verify forward over several tokens rounds differently from one-token steps.
+So the demo then checks losslessness where it is exact: the same prompts again in float32 (eager steps,
+speculation forced at the timed run's shape), where every speculative output must equal plain decoding's;
+a difference there is a bug, and the demo exits 1.
 """
 
 from __future__ import annotations
@@ -45,11 +51,30 @@ def parse_args(argv=None):
                    help="the target's steps through its compiled graph: on compiles it first where this machine "
                         "has none yet (on a CPU once, about a minute and a half, kept for later runs); auto uses it "
                         "only if it is on disk; off runs eager steps")
+    p.add_argument("--float32-check", default="auto", choices=["auto", "on", "off"],
+                   help="after the timed run, the same prompts in float32 (eager, speculation forced), whose outputs "
+                        "must equal plain decoding's; auto: when the timed run's dtype is not float32")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout: one per prompt, then the summary")
     args = p.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1 or (args.threads is not None and args.threads < 1):
         p.error("--limit, --max-new-tokens and --threads must be >= 1")
     return args
+
+
+def float32_check(args, prompts, shape, generate) -> dict:
+    """The lossless check: plain and speculative greedy decoding in float32, every step speculating at
+    `shape` (fallback off, so drafts are verified even where they would not pay)."""
+    engine = load(args.target, args.drafter, "float32", threads=args.threads, compile=False, fallback=False,
+                  remember=False)
+    identical = steps = accepted = 0
+    for prompt in tqdm(prompts, desc="float32 check", unit="prompt", file=sys.stderr, disable=not sys.stderr.isatty()):
+        plain = engine.generate(prompt, **generate, speculative=False)
+        spec = engine.generate(prompt, **generate, shape=shape)
+        identical += spec.token_ids == plain.token_ids
+        steps += spec.stats.verify_steps
+        accepted += spec.stats.accepted_tokens
+    return {"identical_to_plain": identical, "prompts": len(prompts), "verify_steps": steps,
+            "tau": round((accepted + steps) / steps, 3) if steps else None}
 
 
 def main(argv=None) -> int:
@@ -107,6 +132,9 @@ def main(argv=None) -> int:
                "plain_tokens_per_s": round(rate["plain"], 2), "speculative_tokens_per_s": round(rate["speculative"], 2),
                "speedup": round(ratio, 3), "tau": None if tau is None else round(tau, 3), "verify_steps": steps,
                "identical_to_plain": identical}
+    check = None
+    if args.float32_check == "on" or (args.float32_check == "auto" and dtype != "float32"):
+        check = summary["float32_check"] = float32_check(args, prompts, shape, generate)
     if args.json:
         print(json.dumps({"summary": summary}))
     say("")
@@ -124,8 +152,15 @@ def main(argv=None) -> int:
     verdict = f"outputs identical to plain: {identical} of {len(prompts)}"
     if identical < len(prompts) and dtype == "bfloat16":
         verdict += (" (bfloat16: a verify forward over several tokens rounds differently from one-token steps, so a "
-                    "near-tie can flip; --dtype float32 gives identical outputs)")
+                    "near-tie can flip; the float32 check below is the exact one)")
     say(verdict)
+    if check is not None:
+        tau = f"tau {check['tau']:.2f}" if check["tau"] else "no draft verified"
+        say(f"float32 check (eager, every step speculating at {summary['draft_shape']}): outputs identical to plain: "
+            f"{check['identical_to_plain']} of {check['prompts']} ({tau})")
+        if check["identical_to_plain"] < check["prompts"]:
+            say("demo: LOSSLESSNESS FAILURE: in float32 a speculative output differs from plain decoding's")
+            return 1
     return 0
 
 

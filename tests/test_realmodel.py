@@ -106,3 +106,45 @@ def test_committed_corpus_prompts_read_back_with_the_real_template():
         assert sum(m["role"] == "assistant" for m in messages) == (kind == "later"), pid
         seen[kind] += 1
     assert min(seen.values()) >= 40
+
+
+def _demo_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "demo.py"
+    spec = importlib.util.spec_from_file_location("anchorspec_demo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DEMO_ARGS = ["--limit", "2", "--max-new-tokens", "16", "--compile", "off", "--dtype", "bfloat16", "--json",
+             "--drafter", str(RELEASED_DRAFTER)]
+
+
+def test_demo_checks_losslessness_in_float32(capsys):
+    """The demo's timed run in bfloat16 is followed by the exact check: float32, speculation forced at the
+    timed run's shape, every output equal to plain decoding's, with drafts verified."""
+    assert _demo_module().main(DEMO_ARGS) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    check = summary["float32_check"]
+    assert check["prompts"] == 2 and check["identical_to_plain"] == 2
+    assert check["verify_steps"] > 0 and check["tau"] > 1.0
+
+
+def test_demo_float32_check_catches_a_lossy_verifier(monkeypatch, capsys):
+    """Negative control: a verifier that accepts the first drafted path whatever the target says makes the
+    float32 check fail, and the demo exits 1."""
+    import anchorspec.decode.engine as engine_mod
+    from anchorspec.decode.verify import Verdict
+
+    def accept_first_path(tree, logits):
+        path = [0]
+        while tree.children[path[-1]] and tree.children[path[-1]][0] < logits.shape[0]:
+            path.append(tree.children[path[-1]][0])
+        return Verdict(path, int(logits[path[-1]].argmax()))
+
+    monkeypatch.setattr(engine_mod, "verify_greedy", accept_first_path)
+    assert _demo_module().main([*DEMO_ARGS, "--limit", "1"]) == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    assert summary["float32_check"]["identical_to_plain"] == 0
