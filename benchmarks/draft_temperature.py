@@ -16,9 +16,9 @@ decoding runs along sampled text, which the drafter never trained on.
     python benchmarks/draft_temperature.py --drafter checkpoints/smollm2-135m-instruct-eagle3.1 \
         --data corpus/smollm2-135m-instruct --parts 30,31 --limit 24
 
-`--candidates K` also scores nodes that draft up to K candidates (at the first factor): the engine's sampled
-tree today (its top K tokens, each accepted with probability p(x) given the earlier ones failed: spec §7,
-`verify_tree_sampling`), against K candidates drawn from q without replacement and verified by recursive
+`--candidates K` also scores nodes that draft up to K candidates (at the first factor): EAGLE's deterministic
+top K tokens, each accepted with probability p(x) given the earlier ones failed (spec §7; the engine's sampled
+tree until session 71, `verify_sampling` without draft probabilities), against K candidates drawn from q without replacement and verified by recursive
 rejection sampling (each accepted with min(1, p_i(x) / q_i(x)); after a rejection p_{i+1} = norm(max(p_i - q_i,
 0)) and q_{i+1} = q_i without x, renormalised: lossless, Jeon et al. 2024, "Recursive Speculative Decoding").
 The chance that a node with k candidates accepts one is exact for top-k and averaged over `--samples` draws of

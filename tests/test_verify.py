@@ -22,7 +22,7 @@ from anchorspec.decode.verify import (
     Verdict,
     acceptance_probability,
     verify_greedy,
-    verify_tree_sampling,
+    verify_sampling,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +311,7 @@ def ignore_q(p_x, q_x) -> float:
 
 def verify_chain_residual_is_p(tree, target_probs, gen) -> Verdict:
     """Lossy chain verifier: after a rejection, the correction comes from p instead of norm(max(p - q, 0))."""
-    v = verify_tree_sampling(tree, target_probs, gen)
+    v = verify_sampling(tree, target_probs, gen)
     if v.accepted < tree.size - 1:
         v = Verdict(v.path, sample(target_probs[v.path[-1]], gen))
     return v
@@ -328,7 +328,7 @@ def test_synthetic_models_disagree():
 
 
 def test_chain_sampling_matches_target_per_position():
-    samples, verdicts = simulate(chain_step, verify_tree_sampling, N_RUNS, seed=1)
+    samples, verdicts = simulate(chain_step, verify_sampling, N_RUNS, seed=1)
     assert_matches_target(position_pvalues(samples))
     # every branch of the verifier was exercised: rejection at each draft, and the bonus
     accepted = torch.bincount(torch.tensor([v.accepted for v in verdicts]), minlength=CHAIN_K + 1)
@@ -336,7 +336,7 @@ def test_chain_sampling_matches_target_per_position():
 
 
 def test_tree_sampling_matches_target_per_position():
-    samples, verdicts = simulate(tree_step, verify_tree_sampling, N_RUNS, seed=2)
+    samples, verdicts = simulate(tree_step, verify_sampling, N_RUNS, seed=2)
     assert_matches_target(position_pvalues(samples))
     depths = torch.bincount(torch.tensor([v.accepted for v in verdicts]), minlength=3)
     assert (depths > 0.05 * N_RUNS).all(), depths
@@ -347,7 +347,7 @@ def test_tree_sampling_matches_target_per_position():
 
 def test_sampled_tree_matches_target_per_position():
     """Children drawn from q without replacement, verified by recursive rejection sampling (the residual)."""
-    samples, verdicts = simulate(sampled_tree_step, verify_tree_sampling, N_RUNS, seed=5)
+    samples, verdicts = simulate(sampled_tree_step, verify_sampling, N_RUNS, seed=5)
     assert_matches_target(position_pvalues(samples))
     depths = torch.bincount(torch.tensor([v.accepted for v in verdicts]), minlength=3)
     assert (depths > 0.05 * N_RUNS).all(), depths
@@ -357,7 +357,7 @@ def test_sampled_tree_matches_target_per_position():
 
 @pytest.mark.parametrize(
     "step, verify",
-    [(functools.partial(sampled_tree_step, order=by_q), verify_tree_sampling),
+    [(functools.partial(sampled_tree_step, order=by_q), verify_sampling),
      (sampled_tree_step, verify_sampled_tree_residual_is_p)],
     ids=["sampled-tree-tried-by-q", "sampled-tree-residual-is-p"],
 )
@@ -373,9 +373,9 @@ def test_sampled_tree_negative_controls_are_detected(step, verify):
 @pytest.mark.parametrize(
     "step, verify, patch",
     [
-        (chain_step, verify_tree_sampling, always_accept),
-        (tree_step, verify_tree_sampling, always_accept),
-        (chain_step, verify_tree_sampling, ignore_q),
+        (chain_step, verify_sampling, always_accept),
+        (tree_step, verify_sampling, always_accept),
+        (chain_step, verify_sampling, ignore_q),
         (chain_step, verify_chain_residual_is_p, None),
     ],
     ids=["chain-always-accept", "tree-always-accept", "chain-acceptance-ignores-q", "chain-residual-is-p"],
@@ -399,7 +399,7 @@ def test_negative_control_is_detected(monkeypatch, step, verify, patch):
 @pytest.mark.parametrize("step", [chain_step, tree_step], ids=["chain", "tree"])
 def test_same_seed_same_verdicts_different_seed_differs(step):
     def run(seed):
-        _, verdicts = simulate(step, verify_tree_sampling, 300, seed)
+        _, verdicts = simulate(step, verify_sampling, 300, seed)
         return [(v.path, v.next_token) for v in verdicts]
 
     assert run(11) == run(11)
@@ -427,7 +427,7 @@ def test_chain_q_equal_p_is_never_rejected(dtype):
         q = torch.cat([torch.zeros(1, v, dtype=dtype), p[:k]])
         for i, x in enumerate(drafts):
             assert acceptance_probability(p[i, x], q[i + 1, x]) == 1.0
-        verdict = verify_tree_sampling(chain([0, *drafts], q), p, g)
+        verdict = verify_sampling(chain([0, *drafts], q), p, g)
         assert verdict.path == [0, 1, 2, 3]
         assert p[k, verdict.next_token] > 0
 
@@ -442,7 +442,7 @@ def test_chain_disjoint_supports_always_rejected_and_correction_from_p(dtype):
     counts = torch.zeros(v)
     for _ in range(1500):
         drafts = [sample(q, g), sample(q, g)]
-        verdict = verify_tree_sampling(chain([0, *drafts], torch.stack([q, q, q])), target, g)
+        verdict = verify_sampling(chain([0, *drafts], torch.stack([q, q, q])), target, g)
         assert verdict.path == [0]
         counts[verdict.next_token] += 1
     assert counts[3:].sum() == 0  # nothing outside p's support
@@ -471,7 +471,7 @@ def test_chain_never_emits_zero_probability_tokens(dtype):
         else:
             q_rows = torch.stack([_rand_probs(g, v, 0.5, dtype) for _ in range(k)])
         drafts = [sample(q_rows[i], g) for i in range(k)]
-        verdict = verify_tree_sampling(chain([0, *drafts], torch.cat([torch.zeros(1, v, dtype=dtype), q_rows])), p, g)
+        verdict = verify_sampling(chain([0, *drafts], torch.cat([torch.zeros(1, v, dtype=dtype), q_rows])), p, g)
         for node in verdict.path[1:]:
             assert p[node - 1, drafts[node - 1]] > 0
         assert 0 <= verdict.next_token < v
@@ -495,7 +495,7 @@ def test_tree_never_emits_zero_probability_tokens(dtype):
             tokens.append(choices[0])
         root_support = set(torch.nonzero(target[0]).flatten().tolist())
         covered += root_support <= {tokens[1], tokens[2], tokens[3]}
-        verdict = verify_tree_sampling(DraftTree(torch.tensor(tokens), parents), target, g)
+        verdict = verify_sampling(DraftTree(torch.tensor(tokens), parents), target, g)
         assert verdict.path == DraftTree(torch.tensor(tokens), parents).path_to(verdict.path[-1])
         for node in verdict.path[1:]:
             assert target[parents[node], tokens[node]] > 0
@@ -511,6 +511,6 @@ def test_tree_zero_probability_children_never_accepted():
     p = torch.tensor([0.0, 0.0, 0.6, 0.4], dtype=torch.float64)
     tree = DraftTree(torch.tensor([3, 0, 1, 2]), [-1, 0, 0, 0])  # children: two zeros, then token 2
     target = torch.stack([p] * 4)
-    paths = [verify_tree_sampling(tree, target, g).path for _ in range(500)]
+    paths = [verify_sampling(tree, target, g).path for _ in range(500)]
     assert all(path[1:] in ([], [3]) for path in paths)
     assert sum(path == [0, 3] for path in paths) > 200  # token 2 (p = 0.6) is accepted often

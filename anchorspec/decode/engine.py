@@ -47,7 +47,7 @@ from .lookup import ContextLookup, LookupSettings, common_prefix, merge_chain
 from .propose import Proposer
 from .sampling import SamplingParams, pick_token, probs_from_logits
 from .tree import DraftTree, TreeShape
-from .verify import Verdict, verify_greedy, verify_tree_sampling
+from .verify import Verdict, verify_greedy, verify_sampling
 
 
 @dataclass
@@ -116,7 +116,7 @@ def _verify(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, gen) 
         return Verdict([0], pick_token(logits[0], params, gen))
     if params.greedy:
         return verify_greedy(tree, logits)
-    return verify_tree_sampling(tree, probs_from_logits(logits, params), gen)
+    return verify_sampling(tree, probs_from_logits(logits, params), gen)
 
 
 @dataclass

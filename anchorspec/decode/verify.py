@@ -66,7 +66,7 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
         path.append(node)
 
 
-def verify_tree_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
+def verify_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> Verdict:
     """target_probs [N, V] (already temperature/top-k/top-p processed). Each node's children are tried in
     their order. Without tree.draft_probs they are deterministic (top-k) drafts, q a point mass on each
     (spec §7's q = 1). With it, they were drawn from their parent's q (every child's row) without replacement,

@@ -1,9 +1,9 @@
-"""Seeded equality (session 72): the merged verify_tree_sampling against session 71s verify_chain_sampling (chains)
+"""Seeded equality (session 72): the merged verify_sampling against session 71s verify_chain_sampling (chains)
 and verify_tree_sampling (trees), same seeds. Run: python verify_merge_seeded_eq.py chain sampled-tree topk"""
 import subprocess, sys, types, torch
 from anchorspec.decode.tree import DraftTree
 from anchorspec.decode.sampling import sample
-from anchorspec.decode.verify import verify_tree_sampling
+from anchorspec.decode.verify import verify_sampling  # verify_tree_sampling until session 72
 # session 71's verify.py, read from git (commit f2c2cfb), loaded as a sibling module of today's
 _src = subprocess.run(["git", "show", "f2c2cfb:anchorspec/decode/verify.py"], capture_output=True, text=True, check=True).stdout
 old = sys.modules["anchorspec.decode.verify_s71"] = types.ModuleType("anchorspec.decode.verify_s71")
@@ -43,7 +43,7 @@ def run(kind, dtype, trials, seed):
         dp = None if kind == "topk" else q
         tree = DraftTree(torch.tensor(tokens), parents, draft_probs=dp)
         s = int(torch.randint(2**31, (1,), generator=g))
-        a = verify_tree_sampling(tree, p, torch.Generator().manual_seed(s))
+        a = verify_sampling(tree, p, torch.Generator().manual_seed(s))
         ref = old.verify_chain_sampling if kind == "chain" else old.verify_tree_sampling
         b = ref(tree, p, torch.Generator().manual_seed(s))
         diff += (a.path, a.next_token, a.held) != (b.path, b.next_token, b.held)
