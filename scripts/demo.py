@@ -61,6 +61,11 @@ def parse_args(argv=None):
     return args
 
 
+def tau_of(accepted: int, steps: int) -> float | None:
+    """Tokens per verification: accepted draft tokens per verification + 1 (None when nothing was verified)."""
+    return (accepted + steps) / steps if steps else None
+
+
 def float32_check(args, prompts, shape, generate) -> dict:
     """The lossless check: plain and speculative greedy decoding in float32, every step speculating at
     `shape` (fallback off, so drafts are verified even where they would not pay)."""
@@ -73,8 +78,9 @@ def float32_check(args, prompts, shape, generate) -> dict:
         identical += spec.token_ids == plain.token_ids
         steps += spec.stats.verify_steps
         accepted += spec.stats.accepted_tokens
+    tau = tau_of(accepted, steps)
     return {"identical_to_plain": identical, "prompts": len(prompts), "verify_steps": steps,
-            "tau": round((accepted + steps) / steps, 3) if steps else None}
+            "tau": None if tau is None else round(tau, 3)}
 
 
 def main(argv=None) -> int:
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
 
     rate = {name: n / s if s > 0 else 0.0 for name, (n, s) in totals.items()}
     ratio = rate["speculative"] / rate["plain"] if rate["plain"] else 0.0
-    tau = (accepted + steps) / steps if steps else None
+    tau = tau_of(accepted, steps)
     cpu = cpu_description()
     native = bf16_hardware(cpu["flags"])
     dtype = str(engine.target.dtype).removeprefix("torch.")
@@ -152,7 +158,8 @@ def main(argv=None) -> int:
     verdict = f"outputs identical to plain: {identical} of {len(prompts)}"
     if identical < len(prompts) and dtype == "bfloat16":
         verdict += (" (bfloat16: a verify forward over several tokens rounds differently from one-token steps, so a "
-                    "near-tie can flip; the float32 check below is the exact one)")
+                    "near-tie can flip; " + ("the float32 check below is the exact one)" if check is not None else
+                                             "--dtype float32 gives identical outputs)"))
     say(verdict)
     if check is not None:
         tau = f"tau {check['tau']:.2f}" if check["tau"] else "no draft verified"
