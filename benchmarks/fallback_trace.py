@@ -47,9 +47,9 @@ def trace_monitor(monitor, events: list) -> None:
                        "shape": shape_key(shape) if shape is not None and kind == "speculative" else None})
         observe(kind, tokens, depth, accepted, step_s, draft_s, catch_up, top_ranked, top_depth, shape, lookup_accepted)
 
-    def traced_start(shape):
-        state = start(shape)
-        events.append({"event": "start", "shape": shape_key(shape), "speculating": state.speculating,
+    def traced_start(shape, sampling=None):
+        state = start(shape, sampling)
+        events.append({"event": "start", "shape": shape_key(shape), "regime": monitor.regime, "speculating": state.speculating,
                        "tstar": monitor.threshold, "global": monitor.global_tau})
         return state
 

@@ -319,12 +319,13 @@ def test_acceptance_is_learned_from_verified_chains():
 def test_tree_steps_teach_their_ratio_their_top1_chain_and_their_own_draft_cost():
     m = FrozenCosts(draft_per_level=0.02)
     m.shape = TreeShape(4, 4, 16)
-    assert m.tree_ratio(m.shape) == pytest.approx(PRIOR_TREE_RATIO)  # nothing measured yet
+    assert m.tree_ratio(m.shape) == pytest.approx(PRIOR_TREE_RATIO["greedy"])  # nothing measured yet
     draft_curve = dict(m.draft.points)
     for _ in range(100):  # 3 accepted a step, 2 of them on the top-1 chain, whose 3rd token was rejected
         StreamMonitor.observe_step(m, "speculative", 16, 4, 3, step_s=1.0, draft_s=0.3, top_ranked=2, top_depth=4)
     assert m.trees["4,4,16"] == [100, 300, 200]
-    assert m.tree_ratio(m.shape) == pytest.approx((PRIOR_TREE_RATIO * TREE_PRIOR_WEIGHT + 300) / (TREE_PRIOR_WEIGHT + 200))
+    prior = PRIOR_TREE_RATIO["greedy"]
+    assert m.tree_ratio(m.shape) == pytest.approx((prior * TREE_PRIOR_WEIGHT + 300) / (TREE_PRIOR_WEIGHT + 200))
     assert m.reached == [100, 100, 100, 0] and m.accepted == [100, 100, 0, 0]  # the top-1 chain's step
     assert m.draft_cost(m.shape) == pytest.approx(0.3) and m.draft.points == draft_curve  # not a chain's cost
     chain4 = m.expected_tau(4)
@@ -498,13 +499,79 @@ def test_monitor_state_round_trips_and_bad_states_are_refused():
     assert fresh.choose_shape() == m.choose_shape() and fresh.expected_tau(4) == m.expected_tau(4)
     assert fresh.trees == {"4,4,16": [1, 3, 1]} and fresh.tree_ratio(m.shape) == m.tree_ratio(m.shape)
     good = m.state()
-    for bad in ({**good, "version": 0}, {**good, "accepted": [9, 0, 0]}, {**good, "verify": [[1, -1.0]]},
-                {**good, "reached": "x"}, {"version": good["version"]}, [], {**good, "trees": {"x": [1, 1, 1]}},
-                {**good, "trees": {"4,4,16": [1, 2]}}, {**good, "tree_draft": {"4,4,16": -1.0}}):
+
+    def greedy(**change):
+        return {**good, "acceptance": {**good["acceptance"], "greedy": {**good["acceptance"]["greedy"], **change}}}
+
+    for bad in ({**good, "version": 0}, greedy(accepted=[9, 0, 0]), {**good, "verify": [[1, -1.0]]},
+                greedy(reached="x"), {"version": good["version"]}, [], greedy(trees={"x": [1, 1, 1]}),
+                greedy(trees={"4,4,16": [1, 2]}), {**good, "tree_draft": {"4,4,16": -1.0}}, {**good, "acceptance": []}):
         other = StreamMonitor()
         assert not other.restore(bad) and not other.calibrated and other.reached == []
     partial = StreamMonitor()  # a plain step alone is no calibration
     assert partial.restore({**good, "verify": [[1, 1.0]]}) and not partial.calibrated
+
+
+def test_greedy_and_sampled_steps_are_priced_and_judged_apart():
+    """A stream keeps acceptance, the tree ratio's prior and the global window per sampling regime: greedy
+    steps that accept everything do not price a sampled stream's chains, and sampled steps that accept
+    nothing neither close greedy decoding's gate nor lower its chosen depth."""
+    m = FrozenCosts(plain=1.0, verify_per_token=0.02, draft_per_level=0.05)
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=1.0)
+    state = m.start(TreeShape.chain(4), greedy)
+    for _ in range(200):  # a greedy stream whose chains of 4 are always accepted
+        m.learn_acceptance(None, 4, 4)
+        m.record(state, "speculative", 4)
+    deep = m.choose_shape(trees=())[0]
+    assert m.regime == "greedy" and deep.depth >= 4 and m.global_speculating
+    state = m.start(TreeShape.chain(4), sampled)
+    assert m.regime == "sampled" and m.reached == [] and m.expected_tau(3) == pytest.approx(1.875)  # its prior
+    assert m.tree_ratio(TreeShape(4, 4, 16)) == pytest.approx(PRIOR_TREE_RATIO["sampled"])
+    assert sampled_misses_until_off(m, state) == m.min_steps  # ... and a sampled one whose drafts never are
+    assert not m.global_speculating and m.choose_shape(trees=())[0].depth < deep.depth
+    m.select(greedy)
+    assert m.global_speculating and m.choose_shape(trees=())[0] == deep and m.acceptance(4) > 0.95
+    fresh = StreamMonitor()
+    assert fresh.restore(m.state())
+    for regime in (greedy, sampled):
+        assert (fresh.select(regime), fresh.expected_tau(4)) == (m.select(regime), m.expected_tau(4))
+
+
+def sampled_misses_until_off(m: StreamMonitor, state, steps: int = 200) -> int | None:
+    """Feed `m` `steps` sampled chain-4 steps that accept nothing; the first at which the stream switches off."""
+    off = None
+    for step in range(1, steps + 1):
+        m.learn_acceptance(None, 4, 0)
+        if m.record(state, "speculative", 0) == "off" and off is None:
+            off = step
+    return off
+
+
+def test_one_acceptance_set_for_both_regimes_keeps_a_losing_sampled_stream_on():
+    """Negative control for the test above: with one set (session 72's monitor), a sampled window of misses is
+    shrunk toward greedy's long-run tau and judged above the break-even: in 200 steps it never switches off."""
+    m = FrozenCosts(plain=1.0, verify_per_token=0.02, draft_per_level=0.05)
+    m.learned["sampled"], m.recent_by_regime["sampled"] = m.learned["greedy"], m.recent_by_regime["greedy"]
+    state = m.start(TreeShape.chain(4), SamplingParams())
+    for _ in range(200):
+        m.learn_acceptance(None, 4, 4)
+        m.record(state, "speculative", 4)
+    assert sampled_misses_until_off(m, m.start(TreeShape.chain(4), SamplingParams(temperature=1.0))) is None
+
+
+def test_a_version_2_state_is_taken_as_greedy_decodings():
+    """Sessions 41-72 kept one acceptance set for every regime: its costs and acceptance come back as
+    greedy's (the default temperature); sampled decoding starts from its prior."""
+    m = FrozenCosts(plain=1.0, verify_per_token=0.1, draft_per_level=0.05)
+    for accepted in (3, 1, 0, 2, 3):
+        m.learn_acceptance(None, 3, accepted)
+    new = m.state()
+    old = {k: v for k, v in new.items() if k != "acceptance"} | {"version": 2, **new["acceptance"]["greedy"]}
+    restored = StreamMonitor()
+    assert restored.restore(old) and restored.calibrated
+    assert restored.reached == m.reached and restored.expected_tau(4) == m.expected_tau(4)
+    restored.select(SamplingParams(temperature=0.7))
+    assert restored.reached == [] and restored.trees == {}
 
 
 def test_engine_starts_from_the_costs_an_earlier_engine_kept(tmp_path, monkeypatch):
@@ -522,10 +589,11 @@ def test_engine_starts_from_the_costs_an_earlier_engine_kept(tmp_path, monkeypat
 
     monkeypatch.setattr(StreamMonitor, "calibrate", no_calibration)
     second = Engine(target, drafter, costs_file=costs)
-    assert second.monitor.calibrated and second.monitor.reached == kept["reached"]
+    assert second.monitor.calibrated and second.monitor.reached == kept["acceptance"]["greedy"]["reached"]
     assert second.generate(prompts()[0].tolist(), max_new_tokens=24).token_ids == ref
     assert "earlier runs" in second.shape_source
-    assert sum(json.loads(costs.read_text())["reached"]) >= sum(kept["reached"])  # this run's steps added
+    greedy_reached = sum(json.loads(costs.read_text())["acceptance"]["greedy"]["reached"])
+    assert greedy_reached >= sum(kept["acceptance"]["greedy"]["reached"])  # this run's steps added
     costs.write_text("{damaged")
     monkeypatch.undo()
     third = Engine(target, drafter, costs_file=costs)  # a damaged file: measured again, then rewritten

@@ -356,7 +356,7 @@ class SpeculativeDecoding:
             return self.result()
         if fallback.enabled and not fallback.calibrated and fallback.fixed_threshold is None:
             fallback.calibrate(self.target, self.proposer)  # leaves the proposer reset
-        state = fallback.start(self.shape)
+        state = fallback.start(self.shape, self.cfg.sampling)
         exploring = explore is not None and self.policy is None and self.staged is None
         previous = self.step()  # the prefill
         while not self.finished:

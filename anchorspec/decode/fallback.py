@@ -64,6 +64,9 @@ the plausible candidate drafted least recently (`StreamMonitor.explore`), so tha
 on noisy costs is priced again from real steps. A stream's costs are relative, not seconds: each
 step's time is divided by the stream's pace (how much slower than usual its own shape's recent steps
 ran: PACE_WINDOW), so that a candidate explored while the host runs slow is not priced as slow.
+Acceptance (per depth, per tree) and the global window are kept per sampling regime, greedy and
+sampled (`StreamMonitor.select`; REGIMES' comment): a sampled stream is priced and judged on what
+sampled steps accepted, not on a blend with greedy ones. The costs are shared.
 What a stream learned (`StreamMonitor.state`) outlives its process: `anchorspec.load` keeps it per
 target, drafter, dtype and machine (decode/shape.py: costs_path), so the next run starts from real
 steps' costs and the drafter's measured acceptance instead of a short, noisy calibration.
@@ -435,7 +438,10 @@ TREE_CANDIDATES = (TreeShape(4, 4, 16),)
 # says both: DraftTree.top_ranked_run). Before any, the prior: the EAGLE-3.1 release's 4,4,16 tree
 # on 16 MT-bench first turns (1.55 over 1,328 steps, session 39), worth TREE_PRIOR_WEIGHT chain tokens.
 # A drafter whose top-1 chain is never accepted (tau 1) prices every tree at tau 1 too.
-PRIOR_TREE_RATIO = 1.55
+# Per regime (REGIMES): at T=1 the tree's first level is drawn from q without replacement (session 71); round 24's
+# 4,4,16 tree there accepted 1.41 tokens per token of its top-1 chain (996 steps, 27 MT-bench first turns; 1.51
+# at T=0 on the same prompts; session 73, benchmarks/results/s73/regimes.py).
+PRIOR_TREE_RATIO = {"greedy": 1.55, "sampled": 1.41}
 TREE_PRIOR_WEIGHT = 32
 MIN_PRICED_CHAIN = 4  # choose_shape prices chains this deep before any is measured (the calibrated depth)
 SHAPE_MARGIN = 0.05  # choose_shape keeps the current shape unless another is expected this much faster
@@ -471,7 +477,43 @@ COST_WINDOW = 9
 # from one step set every later cost by that step's noise.)
 PACE_WINDOW = 8
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
-STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
+STATE_VERSION = 3  # bump when StreamMonitor.state() changes meaning (3: acceptance per regime)
+# A stream keeps its acceptance (per depth, per tree) and its global window apart per sampling regime:
+# greedy steps accept more than sampled ones (round 24 on MT-bench: tau 2.24 at T=0, 1.79 at T=1,
+# session 72), and the costs file outlives processes, so with one set the first sampled run after
+# many greedy ones was priced on greedy acceptance: deeper chains than pay, a break-even judged
+# against greedy tau. Sampled temperatures share one set (their acceptance differs less than from
+# greedy's, and a set per temperature would leave each on its prior). Step costs are the same for both.
+GREEDY, SAMPLED = "greedy", "sampled"
+REGIMES = (GREEDY, SAMPLED)
+
+
+def regime_of(sampling: SamplingParams) -> str:
+    return GREEDY if sampling.greedy else SAMPLED
+
+
+@dataclass
+class Acceptance:
+    """What one regime's verified drafts taught: per depth d, the drafts that reached d with d - 1
+    accepted and those whose depth-d token was accepted; per tree shape, [steps, accepted, accepted
+    by its top-1 chain]."""
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    trees: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {"reached": list(self.reached), "accepted": list(self.accepted),
+                "trees": {k: list(v) for k, v in self.trees.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Acceptance":
+        """Raises ValueError (or the parse errors restore() catches) on counts no state could hold."""
+        reached, accepted = [int(n) for n in data["reached"]], [int(n) for n in data["accepted"]]
+        trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in data["trees"].items()}
+        if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
+                or any(len(v) != 3 or min(v) < 0 for v in trees.values())):
+            raise ValueError("inconsistent acceptance counts")
+        return cls(reached, accepted, trees)
 # A stream's window is judged shrunk toward its long-run tau, as if PRIOR_STEPS more steps had come in at the
 # tau its shape is expected to reach (expected_shape_tau: every verified draft of the process, and of earlier
 # ones where the costs are kept). A window's mean says less about the steps to come than it seems: on 60
@@ -483,6 +525,12 @@ STATE_VERSION = 2  # bump when StreamMonitor.state() changes meaning
 # the prompts ran at 1.13-1.14x either way, and one that never fits at 0.99x (benchmarks/fallback_sim.py, s56;
 # with 15 % step-time noise the gain shrinks to +0.4-0.9 %, the shape chosen on noisy costs then costing more).
 PRIOR_STEPS = 8
+
+
+def _selected(name: str, doc: str) -> property:
+    """A StreamMonitor attribute that is the selected regime's Acceptance field `name`."""
+    return property(lambda self: getattr(self.learned[self.regime], name),
+                    lambda self, value: setattr(self.learned[self.regime], name, value), doc=doc)
 
 
 def shape_key(shape: TreeShape) -> str:
@@ -508,9 +556,11 @@ class StreamMonitor(DriftMonitor):
         self.verify, self.draft = CostCurve(smoothing, cost_window), CostCurve(smoothing, cost_window)
         self.smoothing, self.cost_window = smoothing, cost_window
         self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
-        self.reached: list[int] = []  # verified drafts that reached depth d with d - 1 accepted
-        self.accepted: list[int] = []  # ... and whose depth-d token was accepted
-        self.trees: dict[str, list[int]] = {}  # tree shape -> [steps, accepted, accepted by its top-1 chain]
+        # acceptance and the global window per sampling regime (REGIMES' comment); costs are shared
+        self.learned: dict[str, Acceptance] = {regime: Acceptance() for regime in REGIMES}
+        self.recent_by_regime: dict[str, deque] = {regime: deque(maxlen=global_window) for regime in REGIMES}
+        self.regime = GREEDY
+        self.recent = self.recent_by_regime[GREEDY]
         # tree shape -> its drafting time, a curve over its depth (one point; provisional: the calibration's)
         self.tree_draft: dict[str, CostCurve] = {}
         self.calibrated = False
@@ -525,6 +575,19 @@ class StreamMonitor(DriftMonitor):
         self.unit_steps: list[tuple[str, float]] = []  # a new shape's first steps (paced), measuring its unit
         self.prior_steps = PRIOR_STEPS  # 0: a window judged on its own (the rule before session 56)
         self.shape_margin = SHAPE_MARGIN  # choose_shape's hysteresis (an attribute so that a replay can vary it)
+
+    # --- sampling regimes -------------------------------------------------------------------------
+    def select(self, sampling: SamplingParams) -> str:
+        """Price and judge what follows (shapes, break-even, the global window) on the acceptance that
+        steps decoded like `sampling` measured; returns the regime."""
+        self.regime = regime_of(sampling)
+        self.recent = self.recent_by_regime[self.regime]
+        return self.regime
+
+    # the selected regime's Acceptance, read and written as the monitor's own
+    reached = _selected("reached", "Verified drafts that reached depth d with d - 1 accepted (the selected regime's).")
+    accepted = _selected("accepted", "... and whose depth-d token was accepted.")
+    trees = _selected("trees", "Tree shape -> [steps, accepted, accepted by its top-1 chain].")
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
@@ -642,9 +705,10 @@ class StreamMonitor(DriftMonitor):
 
     def tree_ratio(self, shape) -> float:
         """A tree's accepted tokens per token its top-1 chain had accepted in the same steps: measured,
-        shrunk toward the prior (TREE_CANDIDATES' comment)."""
+        shrunk toward the regime's prior (TREE_CANDIDATES' comment)."""
         steps, accepted, top = self.trees.get(shape_key(shape), (0, 0, 0))
-        return (PRIOR_TREE_RATIO * TREE_PRIOR_WEIGHT + accepted) / (TREE_PRIOR_WEIGHT + top)
+        prior = PRIOR_TREE_RATIO[self.regime]
+        return (prior * TREE_PRIOR_WEIGHT + accepted) / (TREE_PRIOR_WEIGHT + top)
 
     def expected_shape_tau(self, shape) -> float:
         """Expected tokens per step of drafting with `shape`: a chain's from its per-depth acceptance,
@@ -750,8 +814,8 @@ class StreamMonitor(DriftMonitor):
     def state(self) -> dict:
         """What this stream has learned (costs and per-depth acceptance), as JSON-able data."""
         return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
-                "draft": sorted(self.draft.points.values()), "reached": list(self.reached),
-                "accepted": list(self.accepted), "trees": {k: list(v) for k, v in self.trees.items()},
+                "draft": sorted(self.draft.points.values()),
+                "acceptance": {regime: learned.as_json() for regime, learned in self.learned.items()},
                 "tree_draft": {k: self.draft_cost(TreeShape.parse(k)) for k, c in self.tree_draft.items() if c.points},
                 # which costs are still the calibration's (the first real step replaces them)
                 "provisional": {"verify": sorted(self.verify.provisional), "draft": sorted(self.draft.provisional),
@@ -760,27 +824,29 @@ class StreamMonitor(DriftMonitor):
     def restore(self, state: dict) -> bool:
         """Take up what an earlier process learned (`state()`): its costs stand in for the
         calibration when they cover a plain step, a verify and a draft. False (nothing taken)
-        if the state is not one this version wrote."""
+        if the state is not one this version (or version 2, sessions 41-72) wrote. Version 2 kept one
+        acceptance set for all regimes: it is taken as greedy's (the default temperature), and sampled
+        decoding starts from its prior."""
         try:
-            if state.get("version") != STATE_VERSION:
+            version = state.get("version")
+            if version not in (2, STATE_VERSION):
                 return False
             verify = [(float(x), float(y)) for x, y in state["verify"]]
             draft = [(float(x), float(y)) for x, y in state["draft"]]
-            reached, accepted = [int(n) for n in state["reached"]], [int(n) for n in state["accepted"]]
-            trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in state["trees"].items()}
+            by_regime = state["acceptance"] if version == STATE_VERSION else {GREEDY: state}
+            learned = {regime: Acceptance.from_json(by_regime.get(regime) or {"reached": [], "accepted": [], "trees": {}})
+                       for regime in REGIMES}  # a regime never decoded: nothing learned
             tree_draft = {TreeShape.parse(k): float(v) for k, v in state["tree_draft"].items()}
             provisional = state.get("provisional", {})  # absent from the states of session 40 and before
             guesses = {name: {int(b) for b in provisional.get(name, ())} for name in ("verify", "draft")}
             guessed_trees = {shape_key(TreeShape.parse(k)) for k in provisional.get("trees", ())}
         except (AttributeError, KeyError, TypeError, ValueError, AnchorspecError):
             return False
-        if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
-                or any(x < 1 or y <= 0 for x, y in verify + draft)
-                or any(len(v) != 3 or min(v) < 0 for v in trees.values()) or any(y <= 0 for y in tree_draft.values())):
+        if any(x < 1 or y <= 0 for x, y in verify + draft) or any(y <= 0 for y in tree_draft.values()):
             return False
         self.verify.restore(verify, guesses["verify"])
         self.draft.restore(draft, guesses["draft"])
-        self.reached, self.accepted, self.trees = reached, accepted, trees
+        self.learned = learned
         self.tree_draft = {}
         for shape, seconds in tree_draft.items():
             guessed = {cost_bucket(shape.depth)} if shape_key(shape) in guessed_trees else set()
@@ -797,9 +863,12 @@ class StreamMonitor(DriftMonitor):
             return self.fixed_threshold
         return None if self.shape is None else self.relative_step_cost(self.shape)
 
-    def start(self, shape) -> RequestState:
-        """A new generation drafting with `shape`: its per-request state (plain from the start while
-        the recent steps of earlier generations say speculation does not pay)."""
+    def start(self, shape, sampling: SamplingParams | None = None) -> RequestState:
+        """A new generation drafting with `shape`, decoding like `sampling` (None: the regime selected
+        last): its per-request state (plain from the start while the recent steps of earlier
+        generations of its regime say speculation does not pay)."""
+        if sampling is not None:
+            self.select(sampling)
         self.shape = shape
         state = self.new_request()
         expected = self.speedup(shape) if not self.recent else None
