@@ -559,6 +559,20 @@ def test_one_acceptance_set_for_both_regimes_keeps_a_losing_sampled_stream_on():
     assert sampled_misses_until_off(m, m.start(TreeShape.chain(4), SamplingParams(temperature=1.0))) is None
 
 
+def test_the_servers_gate_judges_each_regime_on_its_own_requests():
+    """The round-based monitor gates a new request on its regime's recent steps: a server whose sampled requests'
+    drafts all fail starts new sampled requests plain, while greedy ones, whose drafts pay, still speculate (and
+    the other way round); pooled (regime None: the gauges, probes of a mixed batch) it sees both."""
+    for paying, losing in (("greedy", "sampled"), ("sampled", "greedy")):
+        m = DriftMonitor(threshold=1.5)
+        good, bad = m.new_request(regime=paying), m.new_request(regime=losing)
+        for _ in range(m.global_min_steps):
+            m.record(good, "speculative", 3)
+            m.record(bad, "speculative", 0)
+        assert m.new_request(regime=paying).speculating and not m.new_request(regime=losing).speculating
+        assert m.global_tau == pytest.approx(2.5) and m.global_speculating  # pooled: 2.5 >= 1.5
+
+
 def test_a_version_2_state_is_taken_as_greedy_decodings():
     """Sessions 41-72 kept one acceptance set for every regime: its costs and acceptance come back as
     greedy's (the default temperature); sampled decoding starts from its prior."""

@@ -88,12 +88,27 @@ from .shape import verify_cost
 from .tree import TreeShape
 
 
+# Acceptance (a stream's, per depth and per tree) and the global window that gates new requests are kept
+# apart per sampling regime: greedy steps accept more than sampled ones (round 24 on MT-bench: tau 2.24 at
+# T=0, 1.79 at T=1, session 72), and a stream's costs file outlives processes, so with one set the first
+# sampled run after many greedy ones was priced on greedy acceptance and its window judged shrunk toward
+# greedy's tau (a sampled stream whose drafts all failed never switched off: tests/test_fallback.py). Sampled
+# temperatures share one set (a set per temperature would leave each on its prior). Costs are shared.
+GREEDY, SAMPLED = "greedy", "sampled"
+REGIMES = (GREEDY, SAMPLED)
+
+
+def regime_of(sampling: SamplingParams) -> str:
+    return GREEDY if sampling.greedy else SAMPLED
+
+
 @dataclass
 class RequestState:
     window: deque = field(default_factory=deque)  # accepted lengths (accepted + 1) of recent steps
     speculating: bool = True
     plain_left: int = 0  # plain tokens still to go before speculation is retried
     switches: int = 0
+    regime: str = GREEDY  # its steps feed this regime's global window
 
     @property
     def rolling_tau(self) -> float | None:
@@ -235,7 +250,8 @@ class DriftMonitor:
         self.forward, self.drafting = ForwardCosts(smoothing), CostCurve(smoothing)
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
         self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
-        self.recent: deque = deque(maxlen=global_window)
+        self.recent: deque = deque(maxlen=global_window)  # every request's steps
+        self.recent_by_regime: dict[str, deque] = {regime: deque(maxlen=global_window) for regime in REGIMES}
         self.switches_off = self.switches_on = 0
         self.rounds = 0
 
@@ -275,9 +291,15 @@ class DriftMonitor:
         """tau* at the current batch size."""
         return self.threshold_at(self.rows)
 
+    def gate_window(self, regime: str | None = None) -> deque:
+        """The recent accepted lengths a new request of `regime` is gated on: that regime's (None: every
+        request's, what a batch of mixed rows and the server's gauges are judged on)."""
+        return self.recent if regime is None else self.recent_by_regime[regime]
+
     @property
     def global_tau(self) -> float | None:
-        return sum(self.recent) / len(self.recent) if self.recent else None
+        window = self.gate_window()
+        return sum(window) / len(window) if window else None
 
     def _pays(self, tau: float | None, n: int, min_steps: int | None = None, rows: int | None = None) -> bool:
         tstar = self.threshold if rows is None else self.threshold_at(rows)
@@ -288,20 +310,24 @@ class DriftMonitor:
         """Whether a new request starts speculating now (at the latest round's batch size)."""
         return self.global_speculating_at()
 
-    def global_speculating_at(self, rows: int | None = None) -> bool:
-        """Whether a new request joining a batch of `rows` starts speculating (None: the latest round's)."""
-        return self._pays(self.global_tau, len(self.recent), self.global_min_steps, rows)
+    def global_speculating_at(self, rows: int | None = None, regime: str | None = None) -> bool:
+        """Whether a new request of `regime` (gate_window) joining a batch of `rows` starts speculating
+        (None: the latest round's)."""
+        window = self.gate_window(regime)
+        tau = sum(window) / len(window) if window else None
+        return self._pays(tau, len(window), self.global_min_steps, rows)
 
     # --- per request ----------------------------------------------------------------------------
-    def new_request(self, rows: int | None = None, batch_plain: bool = False) -> RequestState:
-        """A request's state; `rows`: the batch size it joins (default: the latest round's). Judged at
+    def new_request(self, rows: int | None = None, batch_plain: bool = False, regime: str = GREEDY) -> RequestState:
+        """A request's state; `regime`: how it decodes (regime_of), whose recent steps gate it. `rows`: the
+        batch size it joins (default: the latest round's). Judged at
         the batch it joins: after a burst drained to a few rows, the last round's tau* is a small
         batch's, and a new burst of 16 would all start speculating (session 33: 4 wasted rounds).
         `batch_plain`: every request it joins is switched off. It then waits for the batch's next
         probe (a retry round) rather than learn alone while the global window is short: alone, in a
         forward of its own, it took up to min_steps rounds at ~2x a plain round's time (session 34)."""
-        state = RequestState(window=deque(maxlen=self.window))
-        if batch_plain or not self.global_speculating_at(rows):
+        state = RequestState(window=deque(maxlen=self.window), regime=regime)
+        if batch_plain or not self.global_speculating_at(rows, regime):
             self._switch_off(state)
             # due at once: it probes at the next retry round. Only speculative steps refresh the global
             # window, so requests shorter than retry_after would otherwise never probe, and one bad
@@ -316,6 +342,7 @@ class DriftMonitor:
         if kind == "speculative":
             state.window.append(accepted + 1)
             self.recent.append(accepted + 1)
+            self.recent_by_regime[state.regime].append(accepted + 1)
             if state.speculating and not self._pays(self.judged_tau(state), len(state.window)):
                 self._switch_off(state)
                 return "off"
@@ -357,7 +384,7 @@ class DriftMonitor:
         """Whether the recent speculative steps of all requests put tau so far below tau*(rows) that a
         probe now would only confirm it (see the module docstring)."""
         tstar, tau = self.threshold_at(rows), self.global_tau
-        return (self.enabled and tstar is not None and len(self.recent) >= self.global_min_steps
+        return (self.enabled and tstar is not None and len(self.gate_window()) >= self.global_min_steps
                 and tau < (1 - PROBE_MARGIN) * tstar)
 
     def round_plan(self, states: list[RequestState], probing: bool = False) -> list[bool]:
@@ -478,19 +505,6 @@ COST_WINDOW = 9
 PACE_WINDOW = 8
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
 STATE_VERSION = 3  # bump when StreamMonitor.state() changes meaning (3: acceptance per regime)
-# A stream keeps its acceptance (per depth, per tree) and its global window apart per sampling regime:
-# greedy steps accept more than sampled ones (round 24 on MT-bench: tau 2.24 at T=0, 1.79 at T=1,
-# session 72), and the costs file outlives processes, so with one set the first sampled run after
-# many greedy ones was priced on greedy acceptance: deeper chains than pay, a break-even judged
-# against greedy tau. Sampled temperatures share one set (their acceptance differs less than from
-# greedy's, and a set per temperature would leave each on its prior). Step costs are the same for both.
-GREEDY, SAMPLED = "greedy", "sampled"
-REGIMES = (GREEDY, SAMPLED)
-
-
-def regime_of(sampling: SamplingParams) -> str:
-    return GREEDY if sampling.greedy else SAMPLED
-
 
 @dataclass
 class Acceptance:
@@ -558,9 +572,7 @@ class StreamMonitor(DriftMonitor):
         self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
         # acceptance and the global window per sampling regime (REGIMES' comment); costs are shared
         self.learned: dict[str, Acceptance] = {regime: Acceptance() for regime in REGIMES}
-        self.recent_by_regime: dict[str, deque] = {regime: deque(maxlen=global_window) for regime in REGIMES}
         self.regime = GREEDY
-        self.recent = self.recent_by_regime[GREEDY]
         # tree shape -> its drafting time, a curve over its depth (one point; provisional: the calibration's)
         self.tree_draft: dict[str, CostCurve] = {}
         self.calibrated = False
@@ -581,8 +593,11 @@ class StreamMonitor(DriftMonitor):
         """Price and judge what follows (shapes, break-even, the global window) on the acceptance that
         steps decoded like `sampling` measured; returns the regime."""
         self.regime = regime_of(sampling)
-        self.recent = self.recent_by_regime[self.regime]
         return self.regime
+
+    def gate_window(self, regime: str | None = None) -> deque:
+        """A stream is gated, and its probes judged, on its selected regime's recent steps (None)."""
+        return super().gate_window(self.regime if regime is None else regime)
 
     # the selected regime's Acceptance, read and written as the monitor's own
     reached = _selected("reached", "Verified drafts that reached depth d with d - 1 accepted (the selected regime's).")
@@ -870,8 +885,8 @@ class StreamMonitor(DriftMonitor):
         if sampling is not None:
             self.select(sampling)
         self.shape = shape
-        state = self.new_request()
-        expected = self.speedup(shape) if not self.recent else None
+        state = self.new_request(regime=self.regime)
+        expected = self.speedup(shape) if not self.gate_window() else None
         if state.speculating and self.enabled and expected is not None and expected < 1:
             self._switch_off(state)  # no step measured yet, and the costs say even a good draft would not pay
         return state

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..api import DEFAULT_TREE, Engine
 from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
-from ..decode.fallback import DriftMonitor, RequestState
+from ..decode.fallback import DriftMonitor, RequestState, regime_of
 from ..decode.lookup import LookupSettings
 from ..decode.propose import EagleProposer
 from ..decode.round import BatchDecoder, RoundResult
@@ -206,7 +206,8 @@ class Scheduler:
             self._running.append(seq)
             admitted.append(seq)
         for seq in admitted if self.speculative else ():  # judged at the batch size they join
-            seq.monitor_state = self.monitor.new_request(rows=len(self._running), batch_plain=batch_plain)
+            seq.monitor_state = self.monitor.new_request(rows=len(self._running), batch_plain=batch_plain,
+                                                         regime=regime_of(seq.decoding.cfg.sampling))
             if not seq.monitor_state.speculating:
                 self._count_switch(seq, "off")
 
