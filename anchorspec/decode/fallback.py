@@ -468,7 +468,7 @@ TREE_CANDIDATES = (TreeShape(4, 4, 16),)
 # Per regime (REGIMES): at T=1 the tree's first level is drawn from q without replacement (session 71); round 24's
 # 4,4,16 tree there accepted 1.41 tokens per token of its top-1 chain (996 steps, 27 MT-bench first turns; 1.51
 # at T=0 on the same prompts; session 73, benchmarks/results/s73/regimes.py).
-PRIOR_TREE_RATIO = {"greedy": 1.55, "sampled": 1.41}
+PRIOR_TREE_RATIO = {GREEDY: 1.55, SAMPLED: 1.41}
 TREE_PRIOR_WEIGHT = 32
 MIN_PRICED_CHAIN = 4  # choose_shape prices chains this deep before any is measured (the calibrated depth)
 SHAPE_MARGIN = 0.05  # choose_shape keeps the current shape unless another is expected this much faster
@@ -506,6 +506,19 @@ PACE_WINDOW = 8
 CALIBRATED_SIZES = tuple(sorted({*range(2, MAX_CHAIN + 2), *(t.total_tokens for t in TREE_CANDIDATES)}))
 STATE_VERSION = 3  # bump when StreamMonitor.state() changes meaning (3: acceptance per regime)
 
+# A stream's window is judged shrunk toward its long-run tau, as if PRIOR_STEPS more steps had come in at the
+# tau its shape is expected to reach (expected_shape_tau: every verified draft of the process, and of earlier
+# ones where the costs are kept). A window's mean says less about the steps to come than it seems: on 60
+# AlpacaEval prompts (EAGLE-3 round 14, chain 3) the mean of the next 16 accepted lengths followed the last
+# 16's by 0.65 and the last 8's by 0.50, the rest regressing to the drafter's mean: weights n / (n + 8).
+# Judged raw, a tau-1.9 drafter switched off on short runs of misses: 385-1,049 tokens plain over those sets,
+# slower than speculating throughout; replayed offline over those prompts and MT-bench's 80 at float32's step costs, the shrunk window
+# ran at 1.33x plain against 1.30x, level with never switching off (1.34x / 1.33x); a drafter made to fit half
+# the prompts ran at 1.13-1.14x either way, and one that never fits at 0.99x (benchmarks/fallback_sim.py, s56;
+# with 15 % step-time noise the gain shrinks to +0.4-0.9 %, the shape chosen on noisy costs then costing more).
+PRIOR_STEPS = 8
+
+
 @dataclass
 class Acceptance:
     """What one regime's verified drafts taught: per depth d, the drafts that reached d with d - 1
@@ -528,17 +541,6 @@ class Acceptance:
                 or any(len(v) != 3 or min(v) < 0 for v in trees.values())):
             raise ValueError("inconsistent acceptance counts")
         return cls(reached, accepted, trees)
-# A stream's window is judged shrunk toward its long-run tau, as if PRIOR_STEPS more steps had come in at the
-# tau its shape is expected to reach (expected_shape_tau: every verified draft of the process, and of earlier
-# ones where the costs are kept). A window's mean says less about the steps to come than it seems: on 60
-# AlpacaEval prompts (EAGLE-3 round 14, chain 3) the mean of the next 16 accepted lengths followed the last
-# 16's by 0.65 and the last 8's by 0.50, the rest regressing to the drafter's mean: weights n / (n + 8).
-# Judged raw, a tau-1.9 drafter switched off on short runs of misses: 385-1,049 tokens plain over those sets,
-# slower than speculating throughout; replayed offline over those prompts and MT-bench's 80 at float32's step costs, the shrunk window
-# ran at 1.33x plain against 1.30x, level with never switching off (1.34x / 1.33x); a drafter made to fit half
-# the prompts ran at 1.13-1.14x either way, and one that never fits at 0.99x (benchmarks/fallback_sim.py, s56;
-# with 15 % step-time noise the gain shrinks to +0.4-0.9 %, the shape chosen on noisy costs then costing more).
-PRIOR_STEPS = 8
 
 
 def _selected(name: str, doc: str) -> property:
