@@ -296,10 +296,14 @@ class DriftMonitor:
         request's, what a batch of mixed rows and the server's gauges are judged on)."""
         return self.recent if regime is None else self.recent_by_regime[regime]
 
+    def gate_tau(self, regime: str | None = None) -> float | None:
+        """The mean of gate_window(regime) (None while it is empty)."""
+        window = self.gate_window(regime)
+        return sum(window) / len(window) if window else None
+
     @property
     def global_tau(self) -> float | None:
-        window = self.gate_window()
-        return sum(window) / len(window) if window else None
+        return self.gate_tau()
 
     def _pays(self, tau: float | None, n: int, min_steps: int | None = None, rows: int | None = None) -> bool:
         tstar = self.threshold if rows is None else self.threshold_at(rows)
@@ -313,9 +317,7 @@ class DriftMonitor:
     def global_speculating_at(self, rows: int | None = None, regime: str | None = None) -> bool:
         """Whether a new request of `regime` (gate_window) joining a batch of `rows` starts speculating
         (None: the latest round's)."""
-        window = self.gate_window(regime)
-        tau = sum(window) / len(window) if window else None
-        return self._pays(tau, len(window), self.global_min_steps, rows)
+        return self._pays(self.gate_tau(regime), len(self.gate_window(regime)), self.global_min_steps, rows)
 
     # --- per request ----------------------------------------------------------------------------
     def new_request(self, rows: int | None = None, batch_plain: bool = False, regime: str = GREEDY) -> RequestState:
@@ -851,7 +853,7 @@ class StreamMonitor(DriftMonitor):
             verify = [(float(x), float(y)) for x, y in state["verify"]]
             draft = [(float(x), float(y)) for x, y in state["draft"]]
             by_regime = state["acceptance"] if version == STATE_VERSION else {GREEDY: state}
-            learned = {regime: Acceptance.from_json(by_regime.get(regime) or {"reached": [], "accepted": [], "trees": {}})
+            learned = {regime: Acceptance.from_json(by_regime[regime]) if by_regime.get(regime) else Acceptance()
                        for regime in REGIMES}  # a regime never decoded: nothing learned
             tree_draft = {TreeShape.parse(k): float(v) for k, v in state["tree_draft"].items()}
             provisional = state.get("provisional", {})  # absent from the states of session 40 and before
