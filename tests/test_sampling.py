@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from anchorspec.decode.sampling import SamplingParams, pick_token, probs_from_logits
+from anchorspec.decode.sampling import NUCLEUS_HEAD, SamplingParams, nucleus, pick_token, probs_from_logits
 from anchorspec.errors import AnchorspecError
 
 V = 10
@@ -115,6 +115,35 @@ def test_matches_plain_python_reference(temperature, top_k, top_p):
     probs = probs_from_logits(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
     expected = torch.tensor([reference(r, temperature, top_k, top_p) for r in logits.tolist()], dtype=torch.float64)
     torch.testing.assert_close(probs, expected)
+
+
+def sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The cut by a sort of the whole row (what probs_from_logits did until session 74): the oracle."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    drop_sorted = sorted_p.cumsum(-1) - sorted_p >= top_p
+    out = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.999999])
+def test_nucleus_from_the_head_equals_a_sort_of_the_whole_row(dtype, top_p):
+    # a real vocabulary's width, rows from peaked to nearly flat: the flat ones need the head to grow past
+    # NUCLEUS_HEAD and past 8x it (checked below), so every branch of the search is compared with the sort
+    vocab = 49152
+    scale = torch.tensor([12.0, 4.0, 2.0, 1.0, 0.3, 0.05], dtype=torch.float64)[:, None]
+    probs = torch.softmax(rand_logits(6, vocab, seed=11) * scale, -1).to(dtype)
+    got = nucleus(probs, top_p)
+    expected = sorted_nucleus(probs, top_p)
+    assert torch.equal(got > 0, expected > 0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-7)
+    if top_p >= 0.9:
+        assert int((got[-1] > 0).sum()) > 8 * NUCLEUS_HEAD  # the flattest row's nucleus lay past two heads
+    # a negative control: a head cut without the check that its mass reaches top_p keeps too little
+    head, order = probs.topk(NUCLEUS_HEAD, dim=-1)
+    truncated = torch.zeros_like(probs).scatter(-1, order, head.masked_fill(head.cumsum(-1) - head >= top_p, 0.0))
+    if top_p >= 0.9:
+        assert not torch.equal(truncated > 0, expected > 0)
 
 
 def test_rows_are_independent():

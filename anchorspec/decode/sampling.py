@@ -29,6 +29,9 @@ class SamplingParams:
         return self.temperature == 0
 
 
+NUCLEUS_HEAD = 128  # tokens a nucleus is first looked for among (8x more each time the head falls short)
+
+
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p; returns probabilities (float32, or float64 for float64 input).
 
@@ -40,15 +43,26 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-        before = sorted_p.cumsum(-1) - sorted_p
-        drop_sorted = before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return nucleus(probs, params.top_p) if params.top_p < 1.0 else probs
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`probs` cut to each row's smallest prefix, in descending order, whose mass reaches `top_p` (the first
+    token always kept), renormalised. The prefix is sought among the row's largest NUCLEUS_HEAD tokens, then 8x
+    as many, and so on: every token past a head whose mass already reaches top_p has at least that much before
+    it, so the cut is the one a sort of the whole row gives, without the sort (3.4 ms a row of 49k on a CPU
+    thread, as long as a plain step; a head of 128, 0.1 ms)."""
+    vocab = probs.shape[-1]
+    k = min(vocab, NUCLEUS_HEAD)
+    while True:
+        head, order = probs.topk(k, dim=-1)  # descending
+        through = head.cumsum(-1)
+        if k == vocab or bool((through[..., -1] >= top_p).all()):
+            break
+        k = min(vocab, k * 8)
+    kept = head.masked_fill(through - head >= top_p, 0.0)  # the mass before a kept token is below top_p
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return out / out.sum(-1, keepdim=True)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -1,0 +1,105 @@
+"""Top-p without sorting the vocabulary, against the sort (session 74), at T=0.7 top-p 0.9 on MT-bench first turns.
+
+`probs_from_logits` cut every row's nucleus after sorting all 49,152 probabilities: 3.4 ms a row on a CPU thread,
+about a plain step's cost, paid by every row the target verifies and every drafter row that drafts. Session 74's
+`nucleus` finds the same cut among the row's largest 128 tokens (then 8x more while the head's mass falls short
+of top-p). Both rules run here in one process (the old one patched back in as `sorted_nucleus`, the test suite's
+oracle), each with engines of its own primed on `--prime` prompts at the setting; methods rotate per prompt:
+
+    plain-sort, plain    the plain loop with the old and the new cut
+    default-sort, default  `generate`'s defaults (a measured chain) with the old and the new cut
+    +trees               the new cut, the candidate trees priced beside the chains
+
+    python benchmarks/results/s74/nucleus_ab.py --limit 24 --prime 12 --threads 2 --out FILE.json
+"""
+import argparse, json, statistics, sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+import anchorspec.decode.sampling as sampling  # noqa: E402
+from anchorspec import load  # noqa: E402
+from anchorspec.decode.fallback import TREE_CANDIDATES, shape_key  # noqa: E402
+from anchorspec.models.dtype import cpu_description  # noqa: E402
+from bench_core import in_turns, load_prompts, warn_if_busy  # noqa: E402
+from test_sampling import sorted_nucleus  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--drafter", default="checkpoints/smollm2-135m-instruct-eagle3.1")
+p.add_argument("--data", default="../shared/data/mt_bench/question.jsonl")
+p.add_argument("--limit", type=int, default=24)
+p.add_argument("--prime", type=int, default=12)
+p.add_argument("--threads", type=int, default=2)
+p.add_argument("--temperature", type=float, default=0.7)
+p.add_argument("--top-p", type=float, default=0.9)
+p.add_argument("--max-new-tokens", type=int, default=128)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+torch.set_num_threads(args.threads)
+warn_if_busy(args.threads)
+timed = [q["text"] for q in load_prompts(args.data, args.limit, 3, 0)]
+priming = [q["text"] for q in load_prompts(args.data, args.prime, 3, 1)]
+fast_nucleus = sampling.nucleus
+CUTS = {"sort": sorted_nucleus, "head": fast_nucleus}
+
+
+def run(engine, prompt, seed, cut, **kw):
+    sampling.nucleus = CUTS[cut]
+    try:
+        r = engine.generate(prompt, chat=True, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_p=args.top_p, seed=seed, **kw)
+    finally:
+        sampling.nucleus = fast_nucleus
+    s = r.stats
+    return {"tok_s": s.tokens_per_s, "steps": s.verify_steps, "accepted": s.accepted_tokens, "new": s.new_tokens}
+
+
+def speculative_engine(trees=False):
+    e = load("smollm2-135m-instruct", args.drafter, threads=args.threads, compile=True, remember=False)
+    if trees:
+        e.candidate_trees = lambda sampling: TREE_CANDIDATES
+    return e
+
+
+plain = load("smollm2-135m-instruct", threads=args.threads, compile=True, remember=False)
+methods = {"plain-sort": (plain, "sort"), "plain": (plain, "head"), "default-sort": (speculative_engine(), "sort"),
+           "default": (speculative_engine(), "head"), "+trees": (speculative_engine(trees=True), "head")}
+for e, cut in methods.values():
+    e.generate("Hello", chat=True, max_new_tokens=8, temperature=0.0)
+    if e is not plain:
+        for i, prompt in enumerate(priming):
+            run(e, prompt, 1000 + i, cut)
+print("primed", flush=True)
+rows = []
+for i, prompt in enumerate(timed):
+    row = {"prompt": i}
+    for m in in_turns(list(methods), i):
+        e, cut = methods[m]
+        row[m] = run(e, prompt, i, cut, speculative=not m.startswith("plain"))
+        if not m.startswith("plain"):
+            row[m]["shape"] = shape_key(e.shape_for(sampling.SamplingParams(args.temperature, args.top_p)))
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+summary = {}
+for m in methods:
+    steps = sum(r[m]["steps"] for r in rows)
+    s = summary[m] = {
+        "median_tok_s": statistics.median(r[m]["tok_s"] for r in rows),
+        "median_vs_plain_sort": statistics.median(r[m]["tok_s"] / r["plain-sort"]["tok_s"] for r in rows),
+        "median_vs_plain": statistics.median(r[m]["tok_s"] / r["plain"]["tok_s"] for r in rows),
+        "tau": (sum(r[m]["accepted"] for r in rows) + steps) / steps if steps else None,
+        "shapes": sorted({r[m].get("shape") for r in rows} - {None})}
+    print(f"{m:13s} {s['median_tok_s']:6.1f} tok/s  {s['median_vs_plain_sort']:.2f}x plain-sort  "
+          f"{s['median_vs_plain']:.2f}x plain  tau {s['tau'] if s['tau'] is None else round(s['tau'], 2)}  {s['shapes']}")
+paired = {"default / default-sort": statistics.median(r["default"]["tok_s"] / r["default-sort"]["tok_s"] for r in rows),
+          "+trees / default": statistics.median(r["+trees"]["tok_s"] / r["default"]["tok_s"] for r in rows)}
+print("paired medians per prompt:", json.dumps(paired))
+cpu = cpu_description()
+env = {"cpu": cpu["model"], "flags": [f for f in cpu["flags"] if "avx512" in f or "amx" in f or f == "avx2"],
+       "torch": torch.__version__, "threads": args.threads, "dtype": str(plain.target.dtype), "drafter": args.drafter,
+       "timed": len(timed), "priming": len(priming), "max_new_tokens": args.max_new_tokens,
+       "temperature": args.temperature, "top_p": args.top_p}
+Path(args.out).write_text(json.dumps({"environment": env, "summary": summary, "paired": paired, "rows": rows},
+                                     indent=1) + "\n")

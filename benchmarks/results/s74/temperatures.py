@@ -1,0 +1,122 @@
+"""Speculation at the sampling settings chat users set (session 74): T=0.7 with top-p 0.9, T=0.7, T=1, and T=0.
+
+Every figure so far for sampled decoding was at T=1 with no truncation, the hardest case. Here each setting
+gets engines of its own (a deployment serves one setting), each primed with `--prime` MT-bench first turns at
+that setting (untimed), then timed on `--limit` others (disjoint: every 3rd from 1 and from 0), methods
+rotated per prompt, seed = prompt index:
+
+    plain          the plain loop (one engine for all settings: it learns nothing)
+    default        `generate`'s defaults (sampled decoding: a measured chain; T=0: chain or tree, and lookup)
+    +trees         sampled settings only: the candidate trees priced beside the chains (as greedy has them)
+    tree-4,4,16    sampled settings only: the 4,4,16 tree given (no choice), whose steps also give the tree's
+                   accepted tokens per token its top-1 chain accepted (the prior PRIOR_TREE_RATIO[SAMPLED])
+
+    python benchmarks/results/s74/temperatures.py --limit 24 --prime 12 --threads 2 --out FILE.json
+"""
+import argparse, json, statistics, sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from anchorspec import load  # noqa: E402
+from anchorspec.decode.fallback import TREE_CANDIDATES, shape_key  # noqa: E402
+from anchorspec.decode.sampling import SamplingParams  # noqa: E402
+from anchorspec.decode.tree import TreeShape  # noqa: E402
+from anchorspec.models.dtype import cpu_description  # noqa: E402
+from bench_core import in_turns, load_prompts, warn_if_busy  # noqa: E402
+
+SETTINGS = {"T=0.7 top-p 0.9": (0.7, 0.9), "T=0.7": (0.7, 1.0), "T=1": (1.0, 1.0), "T=0": (0.0, 1.0)}
+TREE = TreeShape(4, 4, 16)
+
+p = argparse.ArgumentParser()
+p.add_argument("--drafter", default="checkpoints/smollm2-135m-instruct-eagle3.1")
+p.add_argument("--data", default="../shared/data/mt_bench/question.jsonl")
+p.add_argument("--limit", type=int, default=24)
+p.add_argument("--prime", type=int, default=12)
+p.add_argument("--threads", type=int, default=2)
+p.add_argument("--max-new-tokens", type=int, default=128)
+p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names from: " + ", ".join(SETTINGS))
+p.add_argument("--out", required=True)
+args = p.parse_args()
+torch.set_num_threads(args.threads)
+warn_if_busy(args.threads)
+timed = [q["text"] for q in load_prompts(args.data, args.limit, 3, 0)]
+priming = [q["text"] for q in load_prompts(args.data, args.prime, 3, 1)]
+settings = {name: SETTINGS[name] for name in args.settings.split(",")}
+
+
+def speculative_engine(trees=False):
+    e = load("smollm2-135m-instruct", args.drafter, threads=args.threads, compile=True, remember=False)
+    if trees:
+        e.candidate_trees = lambda sampling: TREE_CANDIDATES
+    return e
+
+
+def run(engine, prompt, setting, seed, **kw):
+    t, top_p = settings[setting]
+    r = engine.generate(prompt, chat=True, max_new_tokens=args.max_new_tokens, temperature=t, top_p=top_p,
+                        seed=seed, **kw)
+    s = r.stats
+    return {"tok_s": s.tokens_per_s, "steps": s.verify_steps, "accepted": s.accepted_tokens, "new": s.new_tokens,
+            "explored": s.explored_steps}
+
+
+plain = load("smollm2-135m-instruct", threads=args.threads, compile=True, remember=False)
+engines = {}
+for name, (t, _) in settings.items():
+    engines[name] = {"default": speculative_engine()}
+    if t > 0:
+        engines[name]["+trees"] = speculative_engine(trees=True)
+        engines[name]["tree-4,4,16"] = speculative_engine()
+for e in [plain] + [e for es in engines.values() for e in es.values()]:
+    e.generate("Hello", chat=True, max_new_tokens=8, temperature=0.0)
+for name, es in engines.items():
+    for m, e in es.items():
+        for i, prompt in enumerate(priming):
+            run(e, prompt, name, 1000 + i, **({"shape": TREE} if m.startswith("tree") else {}))
+    print(f"{name}: primed", flush=True)
+
+rows = []
+for i, prompt in enumerate(timed):
+    for name, es in engines.items():
+        row = {"prompt": i, "setting": name}
+        for m in in_turns(["plain", *es], i):
+            if m == "plain":
+                row[m] = run(plain, prompt, name, i, speculative=False)
+                continue
+            e = es[m]
+            shape = TREE if m.startswith("tree") else e.shape_for(SamplingParams(*settings[name]))
+            row[m] = run(e, prompt, name, i, **({"shape": TREE} if m.startswith("tree") else {}))
+            row[m]["shape"] = shape_key(shape)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+summary = {}
+for name, es in engines.items():
+    rs = [r for r in rows if r["setting"] == name]
+    for m in ["plain", *es]:
+        per_prompt = [r[m]["tok_s"] / r["plain"]["tok_s"] for r in rs]
+        steps = sum(r[m]["steps"] for r in rs)
+        tau = (sum(r[m]["accepted"] for r in rs) + steps) / steps if steps else None
+        shapes = sorted({r[m].get("shape") for r in rs} - {None})
+        s = summary[f"{name} | {m}"] = {
+            "median_tok_s": statistics.median(r[m]["tok_s"] for r in rs), "median_vs_plain": statistics.median(per_prompt),
+            "min_vs_plain": min(per_prompt), "max_vs_plain": max(per_prompt), "tau": tau, "shapes": shapes}
+        print(f"{name:16s} {m:12s} {s['median_tok_s']:6.1f} tok/s  {s['median_vs_plain']:.2f}x plain "
+              f"({s['min_vs_plain']:.2f}-{s['max_vs_plain']:.2f})  tau {tau if tau is None else round(tau, 2)}  {shapes}")
+monitors = {}
+for name, es in engines.items():
+    for m, e in es.items():
+        e.monitor.select(SamplingParams(*settings[name]))
+        monitors[f"{name} | {m}"] = {"acceptance": [round(e.monitor.acceptance(d), 3) for d in range(1, 8)],
+                                     "trees": dict(e.monitor.trees)}
+        if m.startswith("tree"):
+            steps, accepted, top = e.monitor.trees.get(shape_key(TREE), (0, 0, 0))
+            print(f"{name}: tree {shape_key(TREE)} {steps} steps, ratio over its top-1 chain {accepted / top if top else None}")
+cpu = cpu_description()
+env = {"cpu": cpu["model"], "flags": [f for f in cpu["flags"] if "avx512" in f or "amx" in f or f == "avx2"],
+       "torch": torch.__version__, "threads": args.threads, "dtype": str(plain.target.dtype), "drafter": args.drafter,
+       "timed": len(timed), "priming": len(priming), "max_new_tokens": args.max_new_tokens}
+Path(args.out).write_text(json.dumps({"environment": env, "summary": summary, "monitors": monitors, "rows": rows},
+                                     indent=1) + "\n")
