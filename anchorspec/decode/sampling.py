@@ -48,21 +48,27 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """`probs` cut to each row's smallest prefix, in descending order, whose mass reaches `top_p` (the first
-    token always kept), renormalised. The prefix is sought among the row's largest NUCLEUS_HEAD tokens, then 8x
-    as many, and so on: every token past a head whose mass already reaches top_p has at least that much before
-    it, so the cut is the one a sort of the whole row gives, without the sort (3.4 ms a row of 49k on a CPU
-    thread, as long as a plain step; a head of 128, 0.1 ms)."""
+    token always kept), renormalised. The prefix is sought among the row's largest NUCLEUS_HEAD tokens, and only
+    for a row whose head falls short among 8x as many, and so on: every token past a head whose mass reaches
+    top_p has at least that much before it, so the cut is the one a sort of the whole row gives, without the
+    sort (4.0 ms a row of 49k on a CPU thread, longer than a plain step; a head of 128, 0.19 ms). On the
+    target's own answers at T=0.7, top-p 0.9 a nucleus is 5 tokens at the median, 164 at the 99th percentile."""
+    kept = _cut(probs, top_p, NUCLEUS_HEAD)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def _cut(probs: torch.Tensor, top_p: float, head_size: int) -> torch.Tensor:
+    """`nucleus` before renormalising, searched among the largest `head_size` tokens of each row first."""
     vocab = probs.shape[-1]
-    k = min(vocab, NUCLEUS_HEAD)
-    while True:
-        head, order = probs.topk(k, dim=-1)  # descending
-        through = head.cumsum(-1)
-        if k == vocab or bool((through[..., -1] >= top_p).all()):
-            break
-        k = min(vocab, k * 8)
-    kept = head.masked_fill(through - head >= top_p, 0.0)  # the mass before a kept token is below top_p
-    out = torch.zeros_like(probs).scatter_(-1, order, kept)
-    return out / out.sum(-1, keepdim=True)
+    k = min(vocab, head_size)
+    head, order = probs.topk(k, dim=-1)  # descending
+    through = head.cumsum(-1)
+    kept = torch.zeros_like(probs).scatter_(-1, order, head.masked_fill(through - head >= top_p, 0.0))
+    if k < vocab:
+        short = through[..., -1] < top_p
+        if bool(short.any()):
+            kept[short] = _cut(probs[short], top_p, k * 8)
+    return kept
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -21,7 +21,7 @@ for e in exs:
     n = ((sp.cumsum(-1) - sp) < 0.9).sum(-1)
     sizes += n.tolist()
 sizes = torch.tensor(sizes).float()
-print("positions", len(sizes), "nucleus size at T=0.7 top-p 0.9: median", sizes.median().item(), "p90", sizes.quantile(0.9).item(), "p99", sizes.quantile(0.99).item(), "max", sizes.max().item(), "share >128", (sizes > 128).float().mean().item(), "share >1024", (sizes > 1024).float().mean().item())
+print("positions", len(sizes), "nucleus size at T=0.7 top-p 0.9: median", sizes.median().item(), "p90", sizes.quantile(0.9).item(), "p99", sizes.quantile(0.99).item(), "max", sizes.max().item(), "share >128", (sizes > 128).float().mean().item(), "share >256", (sizes > 256).float().mean().item(), "share >1024", (sizes > 1024).float().mean().item())
 row = lg[m][:1]
 for fn in ("head", "sort"):
     p = SamplingParams(0.7, 0.9)
