@@ -223,9 +223,9 @@ class Engine:
         of this generation (decode/adaptive.py); `adaptive=True` is "step". `staged=S`: the target's
         first forward covers S draft levels, the deeper ones only once the path reaches them
         (decode/engine.py). `prune="drift"`: stop expanding a draft branch whose drafter state has
-        drifted (decode/propose.py). `lookup`: at temperature 0, merge a chain copied from the sequence
-        itself into each draft (decode/lookup.py); "default" is LookupSettings() unless `staged` is asked
-        for (the two do not combine), None turns it off."""
+        drifted (decode/propose.py). `lookup`: merge a chain copied from the sequence itself into each
+        draft (decode/lookup.py; at T > 0 its tokens are fixed candidates beside the drawn ones); "default"
+        is LookupSettings() unless `staged` is asked for (the two do not combine), None turns it off."""
         if adaptive and depth_control not in (None, "step"):
             raise AnchorspecError(f"adaptive=True is depth_control='step'; it conflicts with {depth_control!r}")
         if lookup == "default":

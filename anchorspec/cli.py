@@ -213,9 +213,6 @@ def cmd_generate(args) -> int:
                               "need a drafter; they conflict with --no-spec")
     if args.staged_verify and args.lookup:
         raise AnchorspecError("--staged-verify conflicts with --lookup: the lookup chain's rows are not in level order")
-    if args.lookup and args.temperature > 0:
-        raise AnchorspecError("--lookup drafts at --temperature 0 only (sampled text rarely repeats itself: "
-                              "decode/lookup.py)")
     if args.staged_verify and (args.adaptive or args.depth_control):
         raise AnchorspecError("--staged-verify conflicts with --adaptive/--depth-control: the controller would "
                               "see each draft split in two")
@@ -829,10 +826,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "deeper ones are verified by the next forward, only when the accepted path reaches them")
     look = g.add_mutually_exclusive_group()
     look.add_argument("--lookup", type=_count, metavar="TOKENS",
-                      help="at temperature 0 (on by default there, unless --staged-verify), also verify a chain "
-                           "copied from the text itself where its last tokens occurred before (quotes, lists, "
-                           "loops), its length following what the last one accepted: at most TOKENS (default "
-                           f"{LookupSettings.max_tokens})")
+                      help="also verify a chain copied from the text itself where its last tokens occurred "
+                           "before (quotes, lists, loops), its length following what the last one accepted: at most "
+                           f"TOKENS (default {LookupSettings.max_tokens}); on by default unless --staged-verify; "
+                           "when sampling, its tokens are tested with the target's p beside the drawn ones")
     look.add_argument("--no-lookup", action="store_true", help="draft with the drafter alone")
     g.add_argument("--prune", choices=["drift"],
                    help="drift-aware drafting: stop expanding a branch once the drafter's state norm has grown "
@@ -1124,7 +1121,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fixed break-even tau (default: measured from the server's own step costs)")
     serve_look = sv.add_mutually_exclusive_group()
     serve_look.add_argument("--lookup", type=_count, metavar="TOKENS",
-                            help="greedy requests also verify a chain copied from their own text, on by default "
+                            help="requests also verify a chain copied from their own text, on by default "
                                  f"with a drafter (as in generate): its longest chain (default {LookupSettings.max_tokens})")
     serve_look.add_argument("--no-lookup", action="store_true", help="draft with the drafter alone")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],

@@ -78,6 +78,39 @@ def model_parser(description: str, dtype: str = "auto", dtypes=None, many_drafte
     return p
 
 
+def primed_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a comparison of `generate` set-ups on MT-bench first turns whose engines are first primed
+    (sessions 74's scripts): `primed_prompts` reads the two prompt sets."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--drafter", default="checkpoints/smollm2-135m-instruct-eagle3.1")
+    p.add_argument("--data", default="../shared/data/mt_bench/question.jsonl")
+    p.add_argument("--limit", type=int, default=24, help="timed prompts (every 3rd from the first)")
+    p.add_argument("--prime", type=int, default=12, help="priming prompts, untimed (every 3rd from the second)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", required=True)
+    return p
+
+
+def primed_prompts(args) -> tuple[list[str], list[str]]:
+    """primed_parser's --threads set (with a warning on a busy machine), then its timed and priming prompts:
+    disjoint, both spread over MT-bench's categories."""
+    torch.set_num_threads(args.threads)
+    warn_if_busy(args.threads)
+    return ([q["text"] for q in load_prompts(args.data, args.limit, 3, 0)],
+            [q["text"] for q in load_prompts(args.data, args.prime, 3, 1)])
+
+
+def primed_environment(args, dtype) -> dict:
+    """What a primed comparison records beside its figures: the CPU and its vector flags, torch, threads, dtype."""
+    from anchorspec.models.dtype import cpu_description
+
+    cpu = cpu_description()
+    return {"cpu": cpu["model"], "flags": [f for f in cpu["flags"] if "avx512" in f or "amx" in f or f == "avx2"],
+            "torch": torch.__version__, "threads": args.threads, "dtype": str(dtype), "drafter": args.drafter,
+            "args": vars(args)}
+
+
 def named_drafters(specs: list[str]) -> list[tuple[str, str]]:
     """(name, directory) for each `--drafter NAME=DIR` of model_parser(many_drafters=True); a bare DIR is
     named after its folder."""

@@ -127,8 +127,6 @@ def test_shapes_print_as_the_flag_takes_them():
     (["generate", "--target", "t", "--no-spec", "--prompt", "x", "--lookup", "8"], "conflict with --no-spec"),
     (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--lookup", "8", "--staged-verify", "1"],
      "--staged-verify conflicts with --lookup"),
-    (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--lookup", "8", "--temperature", "0.7"],
-     "--lookup drafts at --temperature 0 only"),
     (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--lookup", "8", "--no-lookup"],
      "not allowed with argument"),
     (["serve", "--target", "t", "--lookup", "8"], "--chain/--tree/--lookup/--no-lookup need --drafter"),

@@ -1,7 +1,7 @@
 """Context lookup (decode/lookup.py): the chain it copies, its merge into a draft tree, and greedy
 decoding with it merged into every draft staying the target's own output token for token (float64,
 every family, chains and trees, random and oracle drafters, a stop token inside an accepted chain,
-the token budget, batched rounds); sampled decoding ignores it."""
+the token budget, batched rounds); sampled drafts take its tokens as fixed candidates."""
 
 from __future__ import annotations
 
@@ -86,9 +86,20 @@ def test_merge_shares_the_prefix_and_appends_the_rest():
     merged = merge_chain(tree, [9, 8])  # nothing shared: a new branch under the root, after the drafter's
     assert merged.parents[4:] == [0, 4] and merged.children[0] == [1, 2, 4]
     assert merge_chain(tree, [11, 13]) is tree  # all shared
-    sampled = DraftTree(torch.tensor([1, 2]), [-1, 0], draft_probs=torch.zeros(2, 5))
-    with pytest.raises(AnchorspecError, match="greedy"):
-        merge_chain(sampled, [3])
+
+
+def test_merged_into_a_sampled_draft_the_copied_tokens_are_fixed():
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])
+    sampled = DraftTree(torch.tensor([1, 2, 3]), [-1, 0, 1], draft_probs=torch.stack([torch.zeros(5), q, q * 2]))
+    merged = merge_chain(sampled, [2, 4, 0])  # shares the drawn 2, then leaves the draft at 4
+    assert merged.tokens.tolist() == [1, 2, 3, 4, 0] and merged.parents == [-1, 0, 1, 1, 3]
+    assert merged.fixed == {3, 4} and torch.equal(merged.draft_probs[:3], sampled.draft_probs)
+    assert not merged.draft_probs[3:].any()  # drawn from no q
+    assert merge_chain(sampled, [2, 3]) is sampled
+    # the levels of a staged walk, or a held subtree, keep which nodes are fixed
+    assert merged.levels(1)[0].fixed == frozenset() and merged.subtree(1).fixed == {2, 3}
+    with pytest.raises(AnchorspecError, match="fixed"):
+        DraftTree(torch.tensor([1, 2]), [-1, 0], fixed=frozenset({1}))  # a greedy draft has no drawn nodes
 
 
 def test_common_prefix_counts_the_chains_tokens_the_step_emitted():
@@ -188,24 +199,48 @@ def test_batched_rounds_with_lookup_match_solo():
     shapes = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
     prompts = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
     refs = [generate_vanilla(target, p, c).token_ids for p, c in zip(prompts, cfgs)]
-    decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, c, s, lookup=LOOKUP)
-            for p, c, s in zip(prompts, cfgs, shapes)]
-    decoder = BatchDecoder(target)
-    while not all(d.finished for d in decs):
-        result = decoder.round([(d, True) for d in decs if not d.finished])
-        assert not any(isinstance(r, BaseException) for r in result.reports)
+    decs = batched(target, drafter, prompts, cfgs, shapes, LOOKUP)
     assert [d.result().token_ids for d in decs] == refs
     won = sum(d.result().stats.lookup_tokens for d in decs)
     assert sum(d.result().stats.lookup_rows for d in decs) > won > 0  # chains accepted, and cut where a cycle breaks
 
 
-def test_sampling_ignores_the_lookup():
+def batched(target, drafter, prompts, cfgs, shapes, lookup) -> list[SpeculativeDecoding]:
+    decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, c, s, lookup=lookup)
+            for p, c, s in zip(prompts, cfgs, shapes)]
+    decoder = BatchDecoder(target)
+    while not all(d.finished for d in decs):
+        result = decoder.round([(d, True) for d in decs if not d.finished])
+        assert not any(isinstance(r, BaseException) for r in result.reports)
+    return decs
+
+
+def test_sampled_batched_rounds_with_lookup_match_solo():
+    """Seeded sampling with copied chains: rounds of three give each sequence its solo tokens and chains."""
+    target = tiny_target("llama")
+    drafter = random_drafter(target)
+    single = LookupSettings(min_match=1)  # sampled text repeats single tokens, rarely pairs
+    cfgs = [GenerationConfig(max_new_tokens=n, sampling=SamplingParams(1.0, 0.95), seed=7 + n) for n in (30, 17, 25)]
+    shapes = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
+    prompts = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
+    solo = [generate_speculative(target, EagleProposer(drafter), p, c, s, lookup=single)
+            for p, c, s in zip(prompts, cfgs, shapes)]
+    decs = batched(target, drafter, prompts, cfgs, shapes, single)
+    assert [d.result().token_ids for d in decs] == [r.token_ids for r in solo]
+    assert [d.result().stats.lookup_rows for d in decs] == [r.stats.lookup_rows for r in solo]
+    assert sum(r.stats.lookup_rows for r in solo) > 0
+
+
+def test_sampled_decoding_verifies_the_copied_chain():
+    """At T > 0 the chain's tokens are verified beside the drafter's (their distribution: test_sampling_e2e.py)."""
     target = tiny_target("qwen2")
     drafter = random_drafter(target)
     cfg = GenerationConfig(max_new_tokens=24, sampling=SamplingParams(temperature=1.0), seed=3)
-    plain = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3))
-    looked = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=LOOKUP)
-    assert looked.token_ids == plain.token_ids and looked.stats.lookup_rows == 0
+    single = LookupSettings(min_match=1)  # sampled text repeats single tokens, rarely pairs
+    looked = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=single)
+    assert looked.stats.lookup_rows > 0
+    again = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=single)
+    assert again.token_ids == looked.token_ids  # seeded: the same draws and coins
 
 
 def test_lookup_and_staged_verification_are_refused_together():

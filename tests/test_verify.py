@@ -16,6 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 import anchorspec.decode.verify as verify_mod
+from anchorspec.decode.lookup import merge_chain
 from anchorspec.decode.sampling import sample
 from anchorspec.decode.tree import DraftTree
 from anchorspec.decode.verify import (
@@ -216,6 +217,37 @@ def sampled_tree_step(prefix: tuple[int, ...], gen, verify, order=None) -> tuple
     return v, [tokens[i] for i in v.path[1:]] + [v.next_token]
 
 
+def lookup_chain(prefix: tuple[int, ...]) -> list[int]:
+    """A context-lookup chain's stand-in: two tokens fixed by the prefix alone (the drafter's likeliest, which a
+    draw from q often equals, so the chain often shares the drawn node; then the target's likeliest after it)."""
+    first = int(dist(DRAFTER, prefix).argmax())
+    return [first, int(dist(TARGET, prefix + (first,)).argmax())]
+
+
+def lookup_step(prefix: tuple[int, ...], gen, verify, fixed: bool = True) -> tuple[Verdict, list[int]]:
+    """A sampled chain of CHAIN_K with a lookup chain merged into it by prefix (the engine's merge_chain): the
+    copied tokens the drafter did not draw become fixed nodes. `fixed=False` (a negative control) forgets which
+    nodes are fixed, so the verifier tests them with their drawn siblings' q."""
+    drawn, _ = _chain_inputs(prefix, tuple(_draws(prefix, gen)))
+    tree = merge_chain(drawn, lookup_chain(prefix))
+    if not fixed:
+        tree = DraftTree(tree.tokens, tree.parents, tree.draft_probs)
+    tokens = tree.tokens.tolist()
+    ctx = [prefix]
+    for node in range(1, tree.size):
+        ctx.append(ctx[tree.parents[node]] + (tokens[node],))
+    v = verify(tree, torch.stack([dist(TARGET, c) for c in ctx]), gen)
+    return v, [tokens[i] for i in v.path[1:]] + [v.next_token]
+
+
+def _draws(prefix: tuple[int, ...], gen) -> list[int]:
+    drafts: list[int] = []
+    for u in torch.rand(CHAIN_K, generator=gen, dtype=torch.float64).tolist():
+        c = cdf(DRAFTER, prefix + tuple(drafts))
+        drafts.append(bisect.bisect_right(c, u * c[-1]))
+    return drafts
+
+
 def by_q(drawn: list[int], q: torch.Tensor) -> list[int]:
     """The drawn candidates tried most likely first: no longer a draw in order (lossy)."""
     return sorted(drawn, key=lambda x: -float(q[x]))
@@ -353,6 +385,28 @@ def test_sampled_tree_matches_target_per_position():
     assert (depths > 0.05 * N_RUNS).all(), depths
     later = sum(v.path[1] != 1 for v in verdicts if v.accepted)  # a sibling after a rejected first draw
     assert later > 0.05 * N_RUNS
+
+
+def test_sampled_chain_with_a_lookup_chain_matches_target_per_position():
+    """Copied tokens beside drawn ones (decode/lookup.py at T > 0): fixed nodes tested with p(x), drawn ones with
+    min(1, p/q) and the residual, in one walk; every kind of step is exercised."""
+    samples, verdicts = simulate(lookup_step, verify_sampling, N_RUNS, seed=7)
+    assert_matches_target(position_pvalues(samples))
+    # the path went through a fixed node (a copied token the drafter had not drawn) often enough, and through
+    # a drawn node the chain shared: reconstructing which is which needs the trees, so count by node index
+    # (the sampled chain holds nodes 1..CHAIN_K, merge_chain appends the fixed ones after them)
+    through_fixed = sum(any(node > CHAIN_K for node in v.path) for v in verdicts)
+    assert through_fixed > 0.05 * len(verdicts), through_fixed
+    assert sum(v.accepted == 0 for v in verdicts) > 0.05 * len(verdicts)
+
+
+def test_lookup_nodes_tested_with_the_drawn_q_are_detected():
+    """The negative control: the same trees, but the fixed nodes tested as if drawn from their siblings' q."""
+    samples, _ = simulate(functools.partial(lookup_step, fixed=False), verify_sampling, N_NEGATIVE * 2, seed=8)
+    pvalues = position_pvalues(samples)
+    with pytest.raises(AssertionError):
+        assert_matches_target(pvalues)
+    assert min(pvalues.values()) < 1e-8, pvalues
 
 
 @pytest.mark.parametrize(

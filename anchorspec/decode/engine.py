@@ -172,9 +172,8 @@ class SpeculativeDecoding:
             raise AnchorspecError("staged verification and a lookup chain do not combine: the chain's rows are not "
                                   "in level order")
         self.target, self.cfg, self.staged = target, cfg, staged
-        # greedy only (decode/lookup.py); the chain is drafted after the drafter's tree, so a proposer is needed
-        self.lookup = ContextLookup(lookup) if lookup is not None and proposer is not None and cfg.sampling.greedy \
-            else None
+        # the chain is drafted after the drafter's tree, so a proposer is needed (decode/lookup.py)
+        self.lookup = ContextLookup(lookup) if lookup is not None and proposer is not None else None
         self._lookup_step: tuple[DraftTree, list[int]] | None = None  # the drafter's tree, the chain merged into it
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())

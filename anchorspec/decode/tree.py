@@ -68,12 +68,17 @@ class DraftTree:
     tokens: torch.Tensor  # [N] target token ids, tokens[0] = root
     parents: list[int]  # parents[0] = -1
     draft_probs: torch.Tensor | None = None  # [N, V] the q each node's token was drawn from (sampled drafts)
+    # nodes of a sampled draft that were not drawn from any q (a context-lookup chain's copied tokens): each is
+    # a fixed candidate, tested with p(x) as a point mass (decode/verify.py); their draft_probs rows are zero
+    fixed: frozenset[int] = frozenset()
     depths: list[int] = field(init=False)
     children: list[list[int]] = field(init=False)
 
     def __post_init__(self):
         if len(self.parents) != self.tokens.numel() or self.parents[0] != -1:
             raise AnchorspecError("draft tree: parents must have one entry per token and parents[0] == -1")
+        if self.fixed and (self.draft_probs is None or 0 in self.fixed or max(self.fixed) >= len(self.parents)):
+            raise AnchorspecError("draft tree: fixed nodes are non-root nodes of a sampled draft (one with draft_probs)")
         self.depths = [0] * len(self.parents)
         self.children = [[] for _ in self.parents]
         for i, p in enumerate(self.parents[1:], start=1):
@@ -152,7 +157,8 @@ class DraftTree:
         if self.draft_probs is not None:
             probs = self.draft_probs[nodes].clone()
             probs[0] = 0  # a root is not a draft
-        return DraftTree(self.tokens[nodes].clone(), parents, probs)
+        fixed = frozenset(index[node] for node in nodes[1:] if node in self.fixed)
+        return DraftTree(self.tokens[nodes].clone(), parents, probs, fixed)
 
     def levels(self, depth: int) -> tuple["DraftTree", list[int]]:
         """The first `depth` levels as a tree, and the node of this tree behind each of its nodes."""

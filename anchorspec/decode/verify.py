@@ -6,7 +6,10 @@
   p(x) = 0, renormalize, try the next child. With children drawn from q without replacement (their q
   kept): accept with min(1, p/q), otherwise p = norm(max(p - q, 0)) and q loses x. If all fail, draw
   from what is left of p. A sampled chain is the one-child case: standard speculative sampling, with
-  the bonus from p after a fully accepted chain.
+  the bonus from p after a fully accepted chain. A sampled draft's fixed nodes (tree.fixed: a lookup
+  chain's copied tokens, drawn from no q) are tested as deterministic drafts among the drawn siblings:
+  whatever p is left when one is tried, accepting its x with p(x) and otherwise drawing from p without x
+  is a draw from that p, so any mix of drawn and fixed candidates keeps the target's distribution.
 Both return the accepted root-to-node path and one token drawn from the target, so the output
 distribution is exactly the target's.
 
@@ -78,16 +81,18 @@ def verify_sampling(tree: DraftTree, target_probs: torch.Tensor, generator) -> V
     while True:
         p = target_probs[node]
         children = tree.children[node]
-        q = tree.draft_probs[children[0]].to(p.dtype).clone() if tree.draft_probs is not None and children else None
+        drawn = [c for c in children if c not in tree.fixed]  # the siblings drawn from their parent's q
+        q = tree.draft_probs[drawn[0]].to(p.dtype).clone() if tree.draft_probs is not None and drawn else None
         for child in children:
             x = tokens[child]
-            if _uniform(generator) < acceptance_probability(p[x], q[x] if q is not None else _POINT_MASS):
+            point = q is None or child in tree.fixed
+            if _uniform(generator) < acceptance_probability(p[x], _POINT_MASS if point else q[x]):
                 if child >= target_probs.shape[0]:
                     return Verdict(path, x, held=child)
                 node = child
                 path.append(node)
                 break
-            if q is None:  # x is ruled out: try the next child under p without it
+            if point:  # x is ruled out: try the next child under p without it
                 p = p.clone()
                 p[x] = 0
                 p = p / p.sum()

@@ -87,7 +87,7 @@ class Scheduler:
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, monitor: DriftMonitor | None = None,
                  shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True,
                  lookup: LookupSettings | None = None):
-        """`lookup`: merge a context-lookup chain into greedy requests' drafts (decode/lookup.py). None here;
+        """`lookup`: merge a context-lookup chain into every request's drafts (decode/lookup.py). None here;
         `anchorspec serve` turns it on (cli.serve_lookup: measured under load in session 70)."""
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")

@@ -22,25 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 import anchorspec.decode.sampling as sampling  # noqa: E402
 from anchorspec import load  # noqa: E402
 from anchorspec.decode.fallback import TREE_CANDIDATES, shape_key  # noqa: E402
-from anchorspec.models.dtype import cpu_description  # noqa: E402
-from bench_core import in_turns, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import in_turns, primed_environment, primed_parser, primed_prompts  # noqa: E402
 from test_sampling import sorted_nucleus  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--drafter", default="checkpoints/smollm2-135m-instruct-eagle3.1")
-p.add_argument("--data", default="../shared/data/mt_bench/question.jsonl")
-p.add_argument("--limit", type=int, default=24)
-p.add_argument("--prime", type=int, default=12)
-p.add_argument("--threads", type=int, default=2)
+p = primed_parser(__doc__.split("\n\n")[0])
 p.add_argument("--temperature", type=float, default=0.7)
 p.add_argument("--top-p", type=float, default=0.9)
-p.add_argument("--max-new-tokens", type=int, default=128)
-p.add_argument("--out", required=True)
 args = p.parse_args()
-torch.set_num_threads(args.threads)
-warn_if_busy(args.threads)
-timed = [q["text"] for q in load_prompts(args.data, args.limit, 3, 0)]
-priming = [q["text"] for q in load_prompts(args.data, args.prime, 3, 1)]
+timed, priming = primed_prompts(args)
 fast_nucleus = sampling.nucleus
 CUTS = {"sort": sorted_nucleus, "head": fast_nucleus}
 
@@ -49,7 +38,7 @@ def run(engine, prompt, seed, cut, **kw):
     sampling.nucleus = CUTS[cut]
     try:
         r = engine.generate(prompt, chat=True, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p, seed=seed, **kw)
+                            top_p=args.top_p, seed=seed, lookup=None, **kw)  # as recorded: before lookup when sampling
     finally:
         sampling.nucleus = fast_nucleus
     s = r.stats
@@ -96,10 +85,6 @@ for m in methods:
 paired = {"default / default-sort": statistics.median(r["default"]["tok_s"] / r["default-sort"]["tok_s"] for r in rows),
           "+trees / default": statistics.median(r["+trees"]["tok_s"] / r["default"]["tok_s"] for r in rows)}
 print("paired medians per prompt:", json.dumps(paired))
-cpu = cpu_description()
-env = {"cpu": cpu["model"], "flags": [f for f in cpu["flags"] if "avx512" in f or "amx" in f or f == "avx2"],
-       "torch": torch.__version__, "threads": args.threads, "dtype": str(plain.target.dtype), "drafter": args.drafter,
-       "timed": len(timed), "priming": len(priming), "max_new_tokens": args.max_new_tokens,
-       "temperature": args.temperature, "top_p": args.top_p}
+env = {**primed_environment(args, plain.target.dtype), "timed": len(timed), "priming": len(priming)}
 Path(args.out).write_text(json.dumps({"environment": env, "summary": summary, "paired": paired, "rows": rows},
                                      indent=1) + "\n")

@@ -6,7 +6,8 @@ that setting (untimed), then timed on `--limit` others (disjoint: every 3rd from
 rotated per prompt, seed = prompt index:
 
     plain          the plain loop (one engine for all settings: it learns nothing)
-    default        `generate`'s defaults (sampled decoding: a measured chain; T=0: chain or tree, and lookup)
+    default        `generate`'s defaults (sampled decoding: a measured chain; T=0: chain or tree, and lookup; the
+                   recorded run predates the lookup chain in sampled drafts, which is on by default since)
     +trees         sampled settings only: the candidate trees priced beside the chains (as greedy has them)
     tree-4,4,16    sampled settings only: the 4,4,16 tree given (no choice), whose steps also give the tree's
                    accepted tokens per token its top-1 chain accepted (the prior PRIOR_TREE_RATIO[SAMPLED])
@@ -23,26 +24,15 @@ from anchorspec import load  # noqa: E402
 from anchorspec.decode.fallback import TREE_CANDIDATES, shape_key  # noqa: E402
 from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
-from anchorspec.models.dtype import cpu_description  # noqa: E402
-from bench_core import in_turns, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import in_turns, primed_environment, primed_parser, primed_prompts  # noqa: E402
 
 SETTINGS = {"T=0.7 top-p 0.9": (0.7, 0.9), "T=0.7": (0.7, 1.0), "T=1": (1.0, 1.0), "T=0": (0.0, 1.0)}
 TREE = TreeShape(4, 4, 16)
 
-p = argparse.ArgumentParser()
-p.add_argument("--drafter", default="checkpoints/smollm2-135m-instruct-eagle3.1")
-p.add_argument("--data", default="../shared/data/mt_bench/question.jsonl")
-p.add_argument("--limit", type=int, default=24)
-p.add_argument("--prime", type=int, default=12)
-p.add_argument("--threads", type=int, default=2)
-p.add_argument("--max-new-tokens", type=int, default=128)
+p = primed_parser(__doc__.split("\n\n")[0])
 p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names from: " + ", ".join(SETTINGS))
-p.add_argument("--out", required=True)
 args = p.parse_args()
-torch.set_num_threads(args.threads)
-warn_if_busy(args.threads)
-timed = [q["text"] for q in load_prompts(args.data, args.limit, 3, 0)]
-priming = [q["text"] for q in load_prompts(args.data, args.prime, 3, 1)]
+timed, priming = primed_prompts(args)
 settings = {name: SETTINGS[name] for name in args.settings.split(",")}
 
 
@@ -114,9 +104,6 @@ for name, es in engines.items():
         if m.startswith("tree"):
             steps, accepted, top = e.monitor.trees.get(shape_key(TREE), (0, 0, 0))
             print(f"{name}: tree {shape_key(TREE)} {steps} steps, ratio over its top-1 chain {accepted / top if top else None}")
-cpu = cpu_description()
-env = {"cpu": cpu["model"], "flags": [f for f in cpu["flags"] if "avx512" in f or "amx" in f or f == "avx2"],
-       "torch": torch.__version__, "threads": args.threads, "dtype": str(plain.target.dtype), "drafter": args.drafter,
-       "timed": len(timed), "priming": len(priming), "max_new_tokens": args.max_new_tokens}
+env = {**primed_environment(args, plain.target.dtype), "timed": len(timed), "priming": len(priming)}
 Path(args.out).write_text(json.dumps({"environment": env, "summary": summary, "monitors": monitors, "rows": rows},
                                      indent=1) + "\n")
