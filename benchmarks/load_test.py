@@ -5,7 +5,7 @@ percentiles, TTFT, and the drafter/no-drafter speedup per level.
 Each server runs as a subprocess (`python -m anchorspec serve`, this checkout) on a random free
 loopback port, gets one unmeasured warm-up request, then the levels in order. A level sends a fixed
 number of requests (the MT-bench first turns in file order, cycled), at most `concurrency` in flight;
-greedy (temperature 0), streamed, `max_tokens` each. The whole run has a hard timeout: on expiry
+greedy (temperature 0; `--temperature`/`--top-p` sample, seeded per prompt), streamed, `max_tokens` each. The whole run has a hard timeout: on expiry
 the servers are killed and what was measured so far is written.
 
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --out out/load.json
@@ -174,9 +174,11 @@ class Server:
 
 # --- the clients ----------------------------------------------------------------------------------
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
+async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
+                      sampling: dict | None = None) -> dict:
+    """`sampling`: the request's temperature, top_p and seed (None: greedy)."""
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(sampling or {})}
     t0 = time.perf_counter()
     ttft, tokens, spec, error, text = None, 0, {}, None, []
     try:
@@ -207,7 +209,11 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
             "fallback_switches": spec.get("fallback_switches", 0)}
 
 
-async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_tokens: int) -> dict:
+async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_tokens: int,
+                    temperature: float = 0.0, top_p: float = 1.0) -> dict:
+    def sampled(index: int) -> dict | None:
+        return None if temperature == 0 else {"temperature": temperature, "top_p": top_p, "seed": index}
+
     queue: asyncio.Queue = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i % len(prompts))
@@ -219,7 +225,8 @@ async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_
         async def user():
             while not queue.empty():
                 index = queue.get_nowait()
-                records.append({"prompt": index, **await one_request(client, url, prompts[index], max_tokens)})
+                records.append({"prompt": index, **await one_request(client, url, prompts[index], max_tokens,
+                                                                     sampled(index))})
 
         t0 = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(concurrency)))
@@ -253,8 +260,8 @@ async def run_server(args, mode: str, drafter: str | None, prompts, results: dic
         for c in args.concurrency:
             n = requests_for(c, args.requests)
             if args.warm_levels:  # the level once unmeasured: a compiled server builds its graphs for these batch shapes
-                await run_level(server.url, prompts, c, n, args.max_tokens)
-            level = await run_level(server.url, prompts, c, n, args.max_tokens)
+                await run_level(server.url, prompts, c, n, args.max_tokens, args.temperature, args.top_p)
+            level = await run_level(server.url, prompts, c, n, args.max_tokens, args.temperature, args.top_p)
             results[mode][str(c)] = level
             print(f"[{mode}] concurrency {c}: {n} requests, {level['total_tok_s']:.2f} tok/s total, "
                   f"{level['per_user_tok_s_median']:.2f} tok/s per user, {level['errors']} errors, "
@@ -321,6 +328,8 @@ def parse_args(argv=None):
     p.add_argument("--concurrency", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--requests", type=int, help="requests per level (default max(8, 2 x concurrency))")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="requests' temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="requests' top_p (with --temperature > 0)")
     p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float64"],
                    help="the servers' --dtype (auto: what this machine's GEMM probe picks, serve's default)")
     p.add_argument("--threads", type=int, help="--threads of the server (torch intra-op threads)")
