@@ -139,6 +139,9 @@ def test_nucleus_from_the_head_equals_a_sort_of_the_whole_row(dtype, top_p):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-7)
     if top_p >= 0.9:
         assert int((got[-1] > 0).sum()) > 8 * NUCLEUS_HEAD  # the flattest row's nucleus lay past two heads
+    alone = nucleus(probs[-1], top_p)  # one row alone (the plain loop's draw), widened alike
+    assert torch.equal(alone > 0, got[-1] > 0)
+    torch.testing.assert_close(alone, got[-1], rtol=1e-6, atol=0)
     # a negative control: a head cut without the check that its mass reaches top_p keeps too little
     head, order = probs.topk(NUCLEUS_HEAD, dim=-1)
     truncated = torch.zeros_like(probs).scatter(-1, order, head.masked_fill(head.cumsum(-1) - head >= top_p, 0.0))
