@@ -35,6 +35,7 @@ from anchorspec.api import Engine, attach_drafter
 from anchorspec.decode.tree import DraftTree, tree_attention_mask, tree_position_ids
 from anchorspec.models.drafter import KVCache, additive_mask, init_drafter, load_drafter
 from anchorspec.models.attention import uses_grouped_attention
+from anchorspec.models.dtype import cpu_description
 from anchorspec.models.packed import is_packed
 from anchorspec.models.target import load_target, parse_dtype, stock_twin
 
@@ -80,7 +81,7 @@ def model_parser(description: str, dtype: str = "auto", dtypes=None, many_drafte
 
 def primed_parser(description: str) -> argparse.ArgumentParser:
     """The arguments of a comparison of `generate` set-ups on MT-bench first turns whose engines are first primed
-    (sessions 74's scripts): `primed_prompts` reads the two prompt sets."""
+    (session 74's scripts): `primed_prompts` reads the two prompt sets."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--drafter", default="checkpoints/smollm2-135m-instruct-eagle3.1")
     p.add_argument("--data", default="../shared/data/mt_bench/question.jsonl")
@@ -103,8 +104,6 @@ def primed_prompts(args) -> tuple[list[str], list[str]]:
 
 def primed_environment(args, dtype) -> dict:
     """What a primed comparison records beside its figures: the CPU and its vector flags, torch, threads, dtype."""
-    from anchorspec.models.dtype import cpu_description
-
     cpu = cpu_description()
     return {"cpu": cpu["model"], "flags": [f for f in cpu["flags"] if "avx512" in f or "amx" in f or f == "avx2"],
             "torch": torch.__version__, "threads": args.threads, "dtype": str(dtype), "drafter": args.drafter,

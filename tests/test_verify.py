@@ -139,11 +139,7 @@ def cdf(kind: int, prefix: tuple[int, ...]) -> list[float]:
 
 def chain_step(prefix: tuple[int, ...], gen, verify) -> tuple[Verdict, list[int]]:
     """Draft CHAIN_K tokens from the drafter q, verify against the target p, return the new tokens."""
-    drafts: list[int] = []
-    # inverse-CDF draws: several times faster than torch.multinomial for one token
-    for u in torch.rand(CHAIN_K, generator=gen, dtype=torch.float64).tolist():
-        c = cdf(DRAFTER, prefix + tuple(drafts))
-        drafts.append(bisect.bisect_right(c, u * c[-1]))  # zero-probability tokens have empty intervals
+    drafts = _draws(prefix, gen)
     tree, target = _chain_inputs(prefix, tuple(drafts))
     v = verify(tree, target, gen)
     return v, [drafts[i - 1] for i in v.path[1:]] + [v.next_token]
@@ -241,10 +237,12 @@ def lookup_step(prefix: tuple[int, ...], gen, verify, fixed: bool = True) -> tup
 
 
 def _draws(prefix: tuple[int, ...], gen) -> list[int]:
+    """CHAIN_K tokens drawn from the drafter's q after `prefix`, each after the ones before."""
     drafts: list[int] = []
+    # inverse-CDF draws: several times faster than torch.multinomial for one token
     for u in torch.rand(CHAIN_K, generator=gen, dtype=torch.float64).tolist():
         c = cdf(DRAFTER, prefix + tuple(drafts))
-        drafts.append(bisect.bisect_right(c, u * c[-1]))
+        drafts.append(bisect.bisect_right(c, u * c[-1]))  # zero-probability tokens have empty intervals
     return drafts
 
 
