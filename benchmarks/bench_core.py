@@ -110,6 +110,25 @@ def primed_environment(args, dtype) -> dict:
             "args": vars(args)}
 
 
+def paired_median(rows: list[dict], method: str, baseline: str) -> float:
+    """The median over rows (prompts) of `method`'s tokens/s over `baseline`'s in the same row."""
+    return statistics.median(r[method]["tok_s"] / r[baseline]["tok_s"] for r in rows)
+
+
+def method_summary(rows: list[dict], method: str, baseline: str = "plain") -> dict:
+    """A method's figures over rows of {method: {"tok_s", "steps", "accepted", "shape" (optional)}}: its median
+    tokens/s; the median, least and most of its ratio to `baseline` per row; tau (accepted drafts per verification
+    + 1; None for a method that never verified, such as the plain loop); the shapes it drafted."""
+    name = baseline.replace("-", "_")
+    ratios = [r[method]["tok_s"] / r[baseline]["tok_s"] for r in rows]
+    steps = sum(r[method]["steps"] for r in rows)
+    return {"median_tok_s": statistics.median(r[method]["tok_s"] for r in rows),
+            f"median_vs_{name}": statistics.median(ratios), f"min_vs_{name}": min(ratios),
+            f"max_vs_{name}": max(ratios),
+            "tau": (sum(r[method]["accepted"] for r in rows) + steps) / steps if steps else None,
+            "shapes": sorted({r[method].get("shape") for r in rows} - {None})}
+
+
 def named_drafters(specs: list[str]) -> list[tuple[str, str]]:
     """(name, directory) for each `--drafter NAME=DIR` of model_parser(many_drafters=True); a bare DIR is
     named after its folder."""

@@ -5,8 +5,8 @@ percentiles, TTFT, and the drafter/no-drafter speedup per level.
 Each server runs as a subprocess (`python -m anchorspec serve`, this checkout) on a random free
 loopback port, gets one unmeasured warm-up request, then the levels in order. A level sends a fixed
 number of requests (the MT-bench first turns in file order, cycled), at most `concurrency` in flight;
-greedy (temperature 0; `--temperature`/`--top-p` sample, seeded per prompt), streamed, `max_tokens` each. The whole run has a hard timeout: on expiry
-the servers are killed and what was measured so far is written.
+greedy (temperature 0; `--temperature`/`--top-p` sample, seeded per prompt), streamed, `max_tokens` each.
+The whole run has a hard timeout: on expiry the servers are killed and what was measured so far is written.
 
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --out out/load.json
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --concurrency 1,2 --requests 2 \

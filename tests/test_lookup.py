@@ -25,6 +25,11 @@ SHAPES = [TreeShape.chain(1), TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape(
 LOOKUP = LookupSettings()
 # a loop in the prompt, and one the tiny targets fall into on their own (their greedy outputs cycle)
 PROMPTS = [torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 7, 5]), torch.arange(1, 11)]
+SINGLE = LookupSettings(min_match=1)  # sampled text repeats single tokens, rarely pairs
+# the batched rounds: three sequences of different shapes and lengths
+BATCH_PROMPTS = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
+BATCH_SHAPES = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
+BATCH_TOKENS = (30, 17, 25)
 
 
 def random_drafter(target, seed=1):
@@ -195,19 +200,18 @@ def test_reports_keep_the_drafters_own_depth_and_acceptance():
 def test_batched_rounds_with_lookup_match_solo():
     target = tiny_target("llama")
     drafter = random_drafter(target)
-    cfgs = [GenerationConfig(max_new_tokens=n) for n in (30, 17, 25)]
-    shapes = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
-    prompts = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
-    refs = [generate_vanilla(target, p, c).token_ids for p, c in zip(prompts, cfgs)]
-    decs = batched(target, drafter, prompts, cfgs, shapes, LOOKUP)
+    cfgs = [GenerationConfig(max_new_tokens=n) for n in BATCH_TOKENS]
+    refs = [generate_vanilla(target, p, c).token_ids for p, c in zip(BATCH_PROMPTS, cfgs)]
+    decs = batched(target, drafter, cfgs, LOOKUP)
     assert [d.result().token_ids for d in decs] == refs
     won = sum(d.result().stats.lookup_tokens for d in decs)
     assert sum(d.result().stats.lookup_rows for d in decs) > won > 0  # chains accepted, and cut where a cycle breaks
 
 
-def batched(target, drafter, prompts, cfgs, shapes, lookup) -> list[SpeculativeDecoding]:
+def batched(target, drafter, cfgs, lookup) -> list[SpeculativeDecoding]:
+    """BATCH_PROMPTS decoded in rounds of one BatchDecoder, each with its BATCH_SHAPES shape and `cfgs` config."""
     decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, c, s, lookup=lookup)
-            for p, c, s in zip(prompts, cfgs, shapes)]
+            for p, c, s in zip(BATCH_PROMPTS, cfgs, BATCH_SHAPES)]
     decoder = BatchDecoder(target)
     while not all(d.finished for d in decs):
         result = decoder.round([(d, True) for d in decs if not d.finished])
@@ -219,13 +223,10 @@ def test_sampled_batched_rounds_with_lookup_match_solo():
     """Seeded sampling with copied chains: rounds of three give each sequence its solo tokens and chains."""
     target = tiny_target("llama")
     drafter = random_drafter(target)
-    single = LookupSettings(min_match=1)  # sampled text repeats single tokens, rarely pairs
-    cfgs = [GenerationConfig(max_new_tokens=n, sampling=SamplingParams(1.0, 0.95), seed=7 + n) for n in (30, 17, 25)]
-    shapes = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
-    prompts = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
-    solo = [generate_speculative(target, EagleProposer(drafter), p, c, s, lookup=single)
-            for p, c, s in zip(prompts, cfgs, shapes)]
-    decs = batched(target, drafter, prompts, cfgs, shapes, single)
+    cfgs = [GenerationConfig(max_new_tokens=n, sampling=SamplingParams(1.0, 0.95), seed=7 + n) for n in BATCH_TOKENS]
+    solo = [generate_speculative(target, EagleProposer(drafter), p, c, s, lookup=SINGLE)
+            for p, c, s in zip(BATCH_PROMPTS, cfgs, BATCH_SHAPES)]
+    decs = batched(target, drafter, cfgs, SINGLE)
     assert [d.result().token_ids for d in decs] == [r.token_ids for r in solo]
     assert [d.result().stats.lookup_rows for d in decs] == [r.stats.lookup_rows for r in solo]
     assert sum(r.stats.lookup_rows for r in solo) > 0
@@ -236,10 +237,9 @@ def test_sampled_decoding_verifies_the_copied_chain():
     target = tiny_target("qwen2")
     drafter = random_drafter(target)
     cfg = GenerationConfig(max_new_tokens=24, sampling=SamplingParams(temperature=1.0), seed=3)
-    single = LookupSettings(min_match=1)  # sampled text repeats single tokens, rarely pairs
-    looked = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=single)
+    looked = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=SINGLE)
     assert looked.stats.lookup_rows > 0
-    again = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=single)
+    again = generate_speculative(target, EagleProposer(drafter), PROMPTS[0], cfg, TreeShape.chain(3), lookup=SINGLE)
     assert again.token_ids == looked.token_ids  # seeded: the same draws and coins
 
 

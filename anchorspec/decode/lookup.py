@@ -115,7 +115,8 @@ def merge_chain(tree: DraftTree, chain: list[int]) -> DraftTree:
                 parents.append(node if j == 0 else len(tokens) - 2)
             if tree.draft_probs is None:
                 return DraftTree(torch.tensor(tokens, dtype=torch.long), parents)
-            probs = torch.cat([tree.draft_probs, tree.draft_probs.new_zeros(len(tokens) - first, tree.draft_probs.shape[1])])
+            probs = tree.draft_probs
+            probs = torch.cat([probs, probs.new_zeros(len(tokens) - first, probs.shape[1])])
             return DraftTree(torch.tensor(tokens, dtype=torch.long), parents, probs,
                              tree.fixed | frozenset(range(first, len(tokens))))
         node = child

@@ -78,7 +78,7 @@ class DraftTree:
         if len(self.parents) != self.tokens.numel() or self.parents[0] != -1:
             raise AnchorspecError("draft tree: parents must have one entry per token and parents[0] == -1")
         if self.fixed and (self.draft_probs is None or 0 in self.fixed or max(self.fixed) >= len(self.parents)):
-            raise AnchorspecError("draft tree: fixed nodes are non-root nodes of a sampled draft (one with draft_probs)")
+            raise AnchorspecError("draft tree: fixed nodes are non-root nodes of a sampled draft (with draft_probs)")
         self.depths = [0] * len(self.parents)
         self.children = [[] for _ in self.parents]
         for i, p in enumerate(self.parents[1:], start=1):

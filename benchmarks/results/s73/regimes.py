@@ -17,7 +17,7 @@ Timed and priming prompts are disjoint (every 3rd from 0 and from 1).
 
     python benchmarks/results/s73/regimes.py --limit 27 --prime 27 --threads 2 --out FILE.json
 """
-import argparse, json, statistics, sys
+import argparse, json, sys
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from anchorspec.decode.fallback import GREEDY, SAMPLED, TREE_CANDIDATES  # noqa:
 from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.models.dtype import cpu_description  # noqa: E402
-from bench_core import in_turns, load_prompts, warn_if_busy  # noqa: E402
+from bench_core import in_turns, load_prompts, method_summary, warn_if_busy  # noqa: E402
 
 METHODS = ["one-set", "regimes", "regimes+trees"]
 
@@ -120,15 +120,11 @@ summary = {}
 for temperature in (0.0, 1.0):
     rs = [r for r in rows if r["temperature"] == temperature]
     for m in ["plain", *METHODS]:
-        per_prompt = [r[m]["tok_s"] / r["plain"]["tok_s"] for r in rs]
-        steps = sum(r[m]["steps"] for r in rs)
-        tau = (sum(r[m]["accepted"] for r in rs) + steps) / steps if steps else None
-        shapes = sorted({r[m].get("shape") for r in rs} - {None})
-        s = summary[f"T={temperature:g} {m}"] = {
-            "median_tok_s": statistics.median(r[m]["tok_s"] for r in rs), "median_vs_plain": statistics.median(per_prompt),
-            "min_vs_plain": min(per_prompt), "max_vs_plain": max(per_prompt), "tau": tau, "shapes": shapes}
+        s = summary[f"T={temperature:g} {m}"] = method_summary(rs, m)
+        tau = s["tau"]
         print(f"T={temperature:g} {m:14s} {s['median_tok_s']:6.1f} tok/s  {s['median_vs_plain']:.2f}x plain "
-              f"({s['min_vs_plain']:.2f}-{s['max_vs_plain']:.2f})  tau {tau if tau is None else round(tau, 2)}  {shapes}")
+              f"({s['min_vs_plain']:.2f}-{s['max_vs_plain']:.2f})  tau {tau if tau is None else round(tau, 2)}  "
+              f"{s['shapes']}")
 final = {}
 for name, e in engines.items():
     final[name] = {}

@@ -12,7 +12,7 @@ oracle), each with engines of its own primed on `--prime` prompts at the setting
 
     python benchmarks/results/s74/nucleus_ab.py --limit 24 --prime 12 --threads 2 --out FILE.json
 """
-import argparse, json, statistics, sys
+import json, sys
 from pathlib import Path
 
 import torch
@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 import anchorspec.decode.sampling as sampling  # noqa: E402
 from anchorspec import load  # noqa: E402
 from anchorspec.decode.fallback import TREE_CANDIDATES, shape_key  # noqa: E402
-from bench_core import in_turns, primed_environment, primed_parser, primed_prompts  # noqa: E402
+from bench_core import (in_turns, method_summary, paired_median, primed_environment, primed_parser,  # noqa: E402
+                        primed_prompts)
 from test_sampling import sorted_nucleus  # noqa: E402
 
 p = primed_parser(__doc__.split("\n\n")[0])
@@ -73,17 +74,11 @@ for i, prompt in enumerate(timed):
     print(json.dumps(row), flush=True)
 summary = {}
 for m in methods:
-    steps = sum(r[m]["steps"] for r in rows)
-    s = summary[m] = {
-        "median_tok_s": statistics.median(r[m]["tok_s"] for r in rows),
-        "median_vs_plain_sort": statistics.median(r[m]["tok_s"] / r["plain-sort"]["tok_s"] for r in rows),
-        "median_vs_plain": statistics.median(r[m]["tok_s"] / r["plain"]["tok_s"] for r in rows),
-        "tau": (sum(r[m]["accepted"] for r in rows) + steps) / steps if steps else None,
-        "shapes": sorted({r[m].get("shape") for r in rows} - {None})}
+    s = summary[m] = {**method_summary(rows, m, "plain-sort"), **method_summary(rows, m)}
     print(f"{m:13s} {s['median_tok_s']:6.1f} tok/s  {s['median_vs_plain_sort']:.2f}x plain-sort  "
           f"{s['median_vs_plain']:.2f}x plain  tau {s['tau'] if s['tau'] is None else round(s['tau'], 2)}  {s['shapes']}")
-paired = {"default / default-sort": statistics.median(r["default"]["tok_s"] / r["default-sort"]["tok_s"] for r in rows),
-          "+trees / default": statistics.median(r["+trees"]["tok_s"] / r["default"]["tok_s"] for r in rows)}
+paired = {"default / default-sort": paired_median(rows, "default", "default-sort"),
+          "+trees / default": paired_median(rows, "+trees", "default")}
 print("paired medians per prompt:", json.dumps(paired))
 env = {**primed_environment(args, plain.target.dtype), "timed": len(timed), "priming": len(priming)}
 Path(args.out).write_text(json.dumps({"environment": env, "summary": summary, "paired": paired, "rows": rows},

@@ -6,7 +6,7 @@ Each setting gets its own engines (drafter alone; drafter + lookup), primed on `
 
     python benchmarks/results/s74/sampled_lookup.py --limit 24 --prime 12 --threads 2 --out FILE.json
 """
-import argparse, json, statistics, sys
+import json, sys
 from pathlib import Path
 
 import torch
@@ -14,7 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from anchorspec import load  # noqa: E402
 from anchorspec.decode.lookup import LookupSettings  # noqa: E402
-from bench_core import in_turns, primed_environment, primed_parser, primed_prompts  # noqa: E402
+from bench_core import (in_turns, method_summary, paired_median, primed_environment, primed_parser,  # noqa: E402
+                        primed_prompts)
 
 SETTINGS = {"T=0.7 top-p 0.9": (0.7, 0.9), "T=1": (1.0, 1.0)}
 METHODS = {"plain": None, "drafter": None, "+lookup": LookupSettings()}
@@ -57,15 +58,13 @@ for s in SETTINGS:
     for m in METHODS:
         steps = sum(r[m]["steps"] for r in rs)
         summary[f"{s} | {m}"] = x = {
-            "median_tok_s": statistics.median(r[m]["tok_s"] for r in rs),
-            "median_vs_plain": statistics.median(r[m]["tok_s"] / r["plain"]["tok_s"] for r in rs),
-            "tau": (sum(r[m]["accepted"] for r in rs) + steps) / steps if steps else None,
+            **method_summary(rs, m),
             "lookup_rows_per_step": sum(r[m]["lookup_rows"] for r in rs) / steps if steps else None,
             "lookup_tokens_per_step": sum(r[m]["lookup_tokens"] for r in rs) / steps if steps else None}
         print(f"{s:16s} {m:8s} {x['median_tok_s']:6.1f} tok/s  {x['median_vs_plain']:.2f}x plain  tau "
               f"{x['tau'] if x['tau'] is None else round(x['tau'], 2)}  lookup rows/tokens a step "
               f"{x['lookup_rows_per_step']} / {x['lookup_tokens_per_step']}")
-    paired = statistics.median(r["+lookup"]["tok_s"] / r["drafter"]["tok_s"] for r in rs)
+    paired = paired_median(rs, "+lookup", "drafter")
     summary[f"{s} | +lookup / drafter, paired median"] = paired
     print(f"{s}: +lookup / drafter, median per prompt {paired:.3f}")
 env = {**primed_environment(args, plain.target.dtype), "timed": len(timed), "priming": len(priming)}

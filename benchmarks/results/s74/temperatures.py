@@ -14,7 +14,7 @@ rotated per prompt, seed = prompt index:
 
     python benchmarks/results/s74/temperatures.py --limit 24 --prime 12 --threads 2 --out FILE.json
 """
-import argparse, json, statistics, sys
+import json, sys
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ from anchorspec import load  # noqa: E402
 from anchorspec.decode.fallback import TREE_CANDIDATES, shape_key  # noqa: E402
 from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
-from bench_core import in_turns, primed_environment, primed_parser, primed_prompts  # noqa: E402
+from bench_core import in_turns, method_summary, primed_environment, primed_parser, primed_prompts  # noqa: E402
 
 SETTINGS = {"T=0.7 top-p 0.9": (0.7, 0.9), "T=0.7": (0.7, 1.0), "T=1": (1.0, 1.0), "T=0": (0.0, 1.0)}
 TREE = TreeShape(4, 4, 16)
@@ -86,15 +86,11 @@ summary = {}
 for name, es in engines.items():
     rs = [r for r in rows if r["setting"] == name]
     for m in ["plain", *es]:
-        per_prompt = [r[m]["tok_s"] / r["plain"]["tok_s"] for r in rs]
-        steps = sum(r[m]["steps"] for r in rs)
-        tau = (sum(r[m]["accepted"] for r in rs) + steps) / steps if steps else None
-        shapes = sorted({r[m].get("shape") for r in rs} - {None})
-        s = summary[f"{name} | {m}"] = {
-            "median_tok_s": statistics.median(r[m]["tok_s"] for r in rs), "median_vs_plain": statistics.median(per_prompt),
-            "min_vs_plain": min(per_prompt), "max_vs_plain": max(per_prompt), "tau": tau, "shapes": shapes}
+        s = summary[f"{name} | {m}"] = method_summary(rs, m)
+        tau = s["tau"]
         print(f"{name:16s} {m:12s} {s['median_tok_s']:6.1f} tok/s  {s['median_vs_plain']:.2f}x plain "
-              f"({s['min_vs_plain']:.2f}-{s['max_vs_plain']:.2f})  tau {tau if tau is None else round(tau, 2)}  {shapes}")
+              f"({s['min_vs_plain']:.2f}-{s['max_vs_plain']:.2f})  tau {tau if tau is None else round(tau, 2)}  "
+              f"{s['shapes']}")
 monitors = {}
 for name, es in engines.items():
     for m, e in es.items():
