@@ -22,8 +22,8 @@ import torch
 
 from .data.chat import prompt_ids
 from .decode.adaptive import depth_controller
-from .decode.engine import (GenerationConfig, GenerationResult, SpeculativeDecoding, generate_speculative,
-                            generate_vanilla)
+from .decode.engine import (GenerationConfig, GenerationResult, SpeculativeDecoding, generate_prompt_lookup,
+                            generate_speculative, generate_vanilla)
 from .decode.fallback import TREE_CANDIDATES, StreamMonitor
 from .decode.lookup import LookupSettings
 from .decode.propose import EagleProposer
@@ -228,8 +228,8 @@ class Engine:
         is LookupSettings() unless `staged` is asked for (the two do not combine), None turns it off."""
         if adaptive and depth_control not in (None, "step"):
             raise AnchorspecError(f"adaptive=True is depth_control='step'; it conflicts with {depth_control!r}")
-        if lookup == "default":
-            lookup = None if staged is not None else LookupSettings()
+        if lookup == "default":  # with a drafter; without one, only a lookup asked for drafts (prompt lookup)
+            lookup = None if staged is not None or self.proposer is None else LookupSettings()
         elif lookup is not None and not isinstance(lookup, LookupSettings):
             raise AnchorspecError(f"lookup must be LookupSettings, 'default' or None, got {lookup!r}")
         ids = self.encode(prompt, chat, system) if isinstance(prompt, str) else prompt
@@ -246,6 +246,8 @@ class Engine:
                                                          self.candidate_trees(cfg.sampling) if measured else None,
                                                          lookup)
             self.remember()
+        elif speculative and lookup is not None:  # no drafter: the chain copied from the text is the whole draft
+            res = generate_prompt_lookup(self.target, ids, cfg, lookup)
         else:
             res = generate_vanilla(self.target, ids, cfg)
         text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""

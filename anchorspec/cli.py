@@ -205,12 +205,17 @@ def cmd_generate(args) -> int:
 
     if args.no_spec and args.drafter:
         raise AnchorspecError("--no-spec and --drafter conflict: choose one")
-    if not args.no_spec and not args.drafter:
-        raise AnchorspecError("give --drafter DIR for speculative decoding, or --no-spec for plain decoding")
-    if (args.chain is not None or args.tree is not None or args.adaptive or args.depth_control
-            or args.staged_verify or args.prune or args.lookup or args.no_lookup) and args.no_spec:
+    if not args.no_spec and not args.drafter and not args.lookup:
+        raise AnchorspecError("give --drafter DIR for speculative decoding, --lookup for prompt lookup (no drafter), "
+                              "or --no-spec for plain decoding")
+    drafter_options = (args.chain is not None or args.tree is not None or args.adaptive or args.depth_control
+                       or args.staged_verify or args.prune)
+    if (drafter_options or args.lookup or args.no_lookup) and args.no_spec:
         raise AnchorspecError("--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune/--lookup/--no-lookup "
                               "need a drafter; they conflict with --no-spec")
+    if drafter_options and not args.drafter:
+        raise AnchorspecError("--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune need --drafter "
+                              "(--lookup alone drafts only chains copied from the text)")
     if args.staged_verify and args.lookup:
         raise AnchorspecError("--staged-verify conflicts with --lookup: the lookup chain's rows are not in level order")
     if args.staged_verify and (args.adaptive or args.depth_control):
@@ -227,7 +232,10 @@ def cmd_generate(args) -> int:
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
                   fallback=not args.no_fallback, compile=_compile_choice(args.compile),
                   expected_tokens=len(prompts) * args.max_new_tokens)
-    if not args.no_spec:
+    if args.lookup and not args.drafter:
+        print(f"[prompt lookup, no drafter: chains of up to {args.lookup} tokens copied from where the text's last "
+              "tokens occurred before]", file=sys.stderr)
+    elif not args.no_spec:
         why = ""
         if shape is None and not engine.shape_source.startswith("tuned"):
             from .decode.shape import profile_miss_reason
@@ -825,10 +833,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="staged verification: the target's forward covers the first LEVELS draft levels; the "
                         "deeper ones are verified by the next forward, only when the accepted path reaches them")
     look = g.add_mutually_exclusive_group()
-    look.add_argument("--lookup", type=_count, metavar="TOKENS",
+    look.add_argument("--lookup", type=_count, metavar="TOKENS", nargs="?", const=LookupSettings.max_tokens,
                       help="also verify a chain copied from the text itself where its last tokens occurred "
                            "before (quotes, lists, loops), its length following what the last one accepted: at most "
-                           f"TOKENS (default {LookupSettings.max_tokens}); on by default unless --staged-verify; "
+                           f"TOKENS (default {LookupSettings.max_tokens}); on by default with a drafter unless "
+                           "--staged-verify; without --drafter the chain is the whole draft (prompt lookup); "
                            "when sampling, its tokens are tested with the target's p beside the drawn ones")
     look.add_argument("--no-lookup", action="store_true", help="draft with the drafter alone")
     g.add_argument("--prune", choices=["drift"],
@@ -1068,7 +1077,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafter", action="append", metavar="NAME=DIR", help="a drafter to run (repeat to compare)")
     b.add_argument("--baselines", default="hf,hf_lookup,vanilla",
                    help="comma-separated: hf (HF generate, always run: the baseline), hf_lookup (HF prompt "
-                        "lookup), vanilla (the project's plain loop)")
+                        "lookup), vanilla (the project's plain loop), lookup (the project's loop with no drafter, "
+                        "drafting chains copied from the text: prompt lookup)")
     b.add_argument("--workloads", default="standard",
                    help="groups standard, templates, long, or names (mt_bench, gsm8k, humaneval, alpaca, qa, sum, "
                         "tpl-default, tpl-empty-system, tpl-sys-concise, tpl-sys-pirate, tpl-sys-expert, tpl-plain, "

@@ -214,6 +214,21 @@ def in_turns(methods: list, i: int) -> list:
     return methods[i % len(methods):] + methods[:i % len(methods)]
 
 
+def rotated_rows(jobs: list[tuple[str, list[int]]], methods: list[str], run, finish=None) -> list[dict]:
+    """One row per (workload, prompt ids) job: every method's `run(method, ids)` in in_turns order, then
+    `finish(row)` if given; each row printed as JSON once done (session 75's scripts)."""
+    rows = []
+    for i, (workload, ids) in enumerate(jobs):
+        row = {"prompt": i, "workload": workload, "prompt_tokens": len(ids)}
+        for m in in_turns(methods, i):
+            row[m] = run(m, ids)
+        if finish is not None:
+            finish(row)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)

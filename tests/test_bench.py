@@ -60,6 +60,7 @@ def spec(dirs, out, **kw):
     base = dict(target=dirs["target"], drafters=dirs["drafters"], workloads="mt_bench,gsm8k,tpl-plain,long-1k",
                 temperatures=(0.0, 1.0), limit=2, max_new_tokens=6, dtype="float64", data_dir=dirs["data"],
                 out=str(out), progress=False, fallback=False,  # the drafters' own tau (ratios)
+                baselines=("hf", "hf_lookup", "vanilla", "lookup"),
                 shape=DEFAULT_TREE)  # fixed: a measured shape follows what the engine learned on earlier prompts
     base.update(kw)
     return BenchSpec(**base)
@@ -127,18 +128,18 @@ def test_long_prompts_fit_the_context(dirs):
 
 def test_every_method_runs_every_prompt(bench):
     out, summary, records = bench
-    methods = ["hf", "hf_lookup", "vanilla", "d3", "d31"]
+    methods = ["hf", "hf_lookup", "vanilla", "lookup", "d3", "d31"]
     assert summary["methods"] == methods
     # mt_bench: 2 prompts x 2 turns; the others 2 prompts x 1 turn; 2 temperatures
     assert len(records) == (4 + 2 + 2 + 2) * 2 * len(methods)
     assert {r["workload"] for r in records} == {"mt_bench", "gsm8k", "tpl-plain", "long-1k"}
     for r in records:
         assert 1 <= r["new_tokens"] <= 6 and r["seconds"] > 0
-        assert (r["stats"] is not None) == (r["kind"] == "drafter")
+        assert (r["stats"] is not None) == (r["kind"] == "drafter" or r["method"] == "lookup")  # what verified drafts
 
 
 def test_greedy_methods_match_hf_token_for_token(bench):
-    """float64: HF generate, HF prompt lookup, the vanilla loop and both speculative loops agree."""
+    """float64: HF generate, HF prompt lookup, the vanilla loop, our prompt lookup and both speculative loops agree."""
     _, summary, records = bench
     greedy = [r for r in records if r["temperature"] == 0]
     assert greedy and all(r["identical_to_baseline"] for r in greedy)
@@ -153,7 +154,7 @@ def test_sampled_runs_are_seeded_per_prompt(bench, dirs, tmp_path):
     rerun = [json.loads(line) for line in (tmp_path / "again" / "records.jsonl").read_text().splitlines()[1:]]
     first = {(r["prompt_id"], r["method"]): r["tokens"] for r in records if r["temperature"] == 1}
     assert rerun and all(first[(r["prompt_id"], r["method"])] == r["tokens"] for r in rerun)
-    assert again["methods"] == ["hf", "hf_lookup", "vanilla", "d3", "d31"]
+    assert again["methods"] == ["hf", "hf_lookup", "vanilla", "lookup", "d3", "d31"]
 
 
 def test_default_shape_is_the_measured_one_generate_would_choose(dirs, tmp_path):
@@ -198,7 +199,7 @@ def test_resume_after_a_crash(bench, dirs, tmp_path):
     """Cut the records file inside the third group: the first two groups are kept as they are, the rest redone."""
     out, _, records = bench
     lines = (out / "records.jsonl").read_text().splitlines()
-    n_methods = 5
+    n_methods = 6
     crashed = tmp_path / "crashed"
     crashed.mkdir()
     kept = lines[: 1 + 2 * n_methods]

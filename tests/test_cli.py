@@ -129,6 +129,10 @@ def test_shapes_print_as_the_flag_takes_them():
      "--staged-verify conflicts with --lookup"),
     (["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--lookup", "8", "--no-lookup"],
      "not allowed with argument"),
+    (["generate", "--target", "t", "--prompt", "x"], "give --drafter DIR for speculative decoding, --lookup for "
+                                                     "prompt lookup"),
+    (["generate", "--target", "t", "--prompt", "x", "--lookup", "--chain", "2"],
+     "--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune need --drafter"),
     (["serve", "--target", "t", "--lookup", "8"], "--chain/--tree/--lookup/--no-lookup need --drafter"),
     (["serve", "--target", "t", "--no-lookup"], "--chain/--tree/--lookup/--no-lookup need --drafter"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "0"], "--max-steps must be >= 1"),
@@ -330,6 +334,20 @@ def test_generate_states_shape_and_tau(tiny, tmp_path, capsys, monkeypatch, one_
                           "--staged-verify", "1", "--prune", "drift"], capsys)
     assert code == 0, err
     assert [json.loads(line)["token_ids"] for line in out.splitlines()] == plain
+
+
+def test_generate_with_lookup_and_no_drafter_is_prompt_lookup(tiny, capsys, one_thread):
+    common = ["generate", "--target", str(tiny / "target"), "--prompts", str(tiny / "prompts.jsonl"), "--chat",
+              "--max-new-tokens", "24", "--dtype", "float64", "--json"]
+    code, out, err = run([*common, "--no-spec"], capsys)
+    assert code == 0, err
+    plain = [json.loads(line) for line in out.splitlines()]
+    code, out, err = run([*common, "--lookup"], capsys)
+    assert code == 0, err
+    assert "[prompt lookup, no drafter: chains of up to 16 tokens" in err
+    looked = [json.loads(line) for line in out.splitlines()]
+    assert [r["token_ids"] for r in looked] == [r["token_ids"] for r in plain]
+    assert sum(r["stats"]["lookup_tokens"] for r in looked) > 0  # the tiny target's answers repeat themselves
 
 
 def test_tune_and_generate_agree_on_the_profile(tiny, tmp_path, capsys, monkeypatch, one_thread):

@@ -86,13 +86,14 @@ def test_greedy_lossless_while_switching(shape, drafter):
 @pytest.mark.parametrize("family", ["llama", "granite"])
 def test_greedy_lossless_while_switching_with_a_lookup_chain(family):
     """A context-lookup chain merged into the drafts (decode/lookup.py) while steps switch between plain and
-    speculative: plain steps draft no chain, the chain's length carries across them."""
+    speculative: a switched-off step still verifies a copied chain where one is found (kind "lookup", no
+    drafter pass), and the chain's length carries across the switches."""
     from anchorspec.decode.lookup import LookupSettings
 
     target = tiny_target(family)
     proposer = EagleProposer(random_drafter(target))
     cfg = GenerationConfig(max_new_tokens=40)
-    won = 0
+    won = alone = 0
     for prompt in prompts():
         ref = generate_vanilla(target, prompt, cfg).token_ids
         monitor = switching(threshold=1.5)
@@ -101,7 +102,8 @@ def test_greedy_lossless_while_switching_with_a_lookup_chain(family):
         assert res.token_ids == ref
         assert res.stats.fallback_switches >= 2 and {"speculative", "plain"} <= set(monitor.kinds)
         won += res.stats.lookup_tokens
-    assert won > 0
+        alone += monitor.kinds.count("lookup")
+    assert won > 0 and alone > 0
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -900,3 +902,14 @@ def test_without_the_fallback_every_step_speculates_and_the_monitor_still_learns
     assert not m.calibrated  # a given shape needs no calibration
     assert m.reached[:3] and m.reached[0] >= res.stats.verify_steps  # every verified draft was counted
     assert m.verify(4) is not None  # ... and the cost of its 4-token verifies
+
+
+def test_a_step_that_verified_only_a_copied_chain_teaches_the_monitor_nothing():
+    """A switched-off step that found a copied chain (kind "lookup") drafted nothing: neither the drafter's
+    acceptance nor the draft or verify costs may learn from it."""
+    m = FrozenCosts()
+    before = json.dumps(m.state(), sort_keys=True)
+    StreamMonitor.observe_step(m, "lookup", 9, 0, 0, 0.05, 0.0)
+    assert json.dumps(m.state(), sort_keys=True) == before
+    StreamMonitor.observe_step(m, "speculative", 4, 3, 2, 0.05, 0.01)  # the control: a drafted step does
+    assert json.dumps(m.state(), sort_keys=True) != before

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..api import Engine
+from ..decode.lookup import LookupSettings
 from ..decode.shape import load_profile_shape
 from ..decode.tree import TreeShape
 from ..errors import AnchorspecError
@@ -25,7 +26,8 @@ from .report import markdown, summarize
 from .runner import run_benchmark
 from .workloads import expand_workloads, load_workload
 
-BASELINES = ("hf", "hf_lookup", "vanilla")
+BASELINES = ("hf", "hf_lookup", "vanilla", "lookup")  # what --baselines may name
+DEFAULT_BASELINES = ("hf", "hf_lookup", "vanilla")
 
 
 @dataclass
@@ -34,7 +36,7 @@ class BenchSpec:
     # (name, directory[@SHAPE]); SHAPE: TOP_K,DEPTH,TOTAL, "auto" (the `anchorspec tune` profile) or
     # "adaptive" (the default shape's depth adapted during each generation)
     drafters: list[tuple[str, str]] = field(default_factory=list)
-    baselines: tuple[str, ...] = BASELINES  # "hf" always runs (the baseline)
+    baselines: tuple[str, ...] = DEFAULT_BASELINES  # "hf" always runs (the baseline)
     workloads: str = "standard"
     temperatures: tuple[float, ...] = (0.0,)
     limit: int = 5
@@ -121,6 +123,8 @@ def run_bench(spec: BenchSpec) -> dict:
         methods.append(HFGenerate(stock, stop, prompt_lookup=PROMPT_LOOKUP_TOKENS))
     if "vanilla" in spec.baselines:
         methods.append(Loop("vanilla", target, stop))
+    if "lookup" in spec.baselines:
+        methods.append(Loop("lookup", target, stop, lookup=LookupSettings()))
     methods += [Loop(name, target, stop, drafter, shape, adaptive, fallback=spec.fallback)
                 for name, drafter, shape, adaptive in drafters]
     settings = {"target": spec.target, "dtype": spec.dtype, "packed": is_packed(target.model),

@@ -3,6 +3,8 @@
   hf            Hugging Face `generate` (greedy at T=0, multinomial at T>0): the baseline
   hf_lookup     Hugging Face prompt-lookup decoding (`prompt_lookup_num_tokens`)
   vanilla       the project's own plain loop (generate_vanilla)
+  lookup        the project's loop with no drafter, drafting the chain copied from the text itself
+                (prompt lookup: generate_prompt_lookup, decode/lookup.py)
   <drafter>     the project's speculative loop with an EAGLE drafter, through `generate`'s own
                 Engine: the chain the measured costs favour unless a shape is given (fixed, or
                 adapted during the generation: decode/adaptive.py), falling back to plain steps
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from ..api import Engine, attach_drafter
-from ..decode.engine import GenerationConfig, generate_vanilla
+from ..decode.engine import GenerationConfig, generate_prompt_lookup, generate_vanilla
+from ..decode.lookup import LookupSettings
 from ..decode.sampling import SamplingParams
 from ..decode.tree import TreeShape
 from ..metrics import GenerationStats
@@ -77,14 +80,16 @@ class HFGenerate(Method):
 
 
 class Loop(Method):
-    """The project's loops: plain (drafter None), or speculative through the same `Engine` that
-    `anchorspec generate` uses: `shape` None drafts with the chain the measured costs favour (as
-    `generate` does without a tuned profile), else the given shape."""
+    """The project's loops: plain (drafter None), prompt lookup (drafter None, `lookup` given), or
+    speculative through the same `Engine` that `anchorspec generate` uses: `shape` None drafts with
+    the chain the measured costs favour (as `generate` does without a tuned profile), else the given
+    shape."""
 
     def __init__(self, name: str, target: Target, stop_ids: tuple[int, ...], drafter: Eagle3Drafter | None = None,
-                 shape: TreeShape | None = None, adaptive: bool = False, fallback: bool = True):
+                 shape: TreeShape | None = None, adaptive: bool = False, fallback: bool = True,
+                 lookup: LookupSettings | None = None):
         self.name, self.target, self.stop_ids = name, target, tuple(stop_ids)
-        self.drafter, self.adaptive = drafter, adaptive
+        self.drafter, self.adaptive, self.lookup = drafter, adaptive, lookup
         # the engine's monitor learns across the run's prompts; fallback off: the drafter's own tau at
         # every step (comparing drafters)
         self.engine = Engine(target, drafter, shape=shape, fallback=fallback) if drafter is not None else None
@@ -99,6 +104,9 @@ class Loop(Method):
         if self.engine is None:
             cfg = GenerationConfig(max_new_tokens=max_new, sampling=SamplingParams(temperature), seed=seed,
                                    stop_token_ids=self.stop_ids)
+            if self.lookup is not None:
+                res = generate_prompt_lookup(self.target, ids, cfg, self.lookup)
+                return res.token_ids, res.stats
             return generate_vanilla(self.target, ids, cfg).token_ids, None
         attach_drafter(self.target, self.drafter)  # drafters may differ in aux layers: set them per call
         # the drafter alone: its tau is what the workloads compare (generate's lookup chain would add the same

@@ -1,5 +1,6 @@
-"""The generation loop, batch 1: speculative decoding, and plain decoding as the same loop with no
-proposer (a 1-node tree each step).
+"""The generation loop, batch 1: speculative decoding, plain decoding as the same loop with no
+proposer (a 1-node tree each step), and prompt lookup as that loop with a context lookup (the
+chain copied from the sequence itself is the whole draft; decode/lookup.py).
 
 One iteration:
     tree    = proposer.propose(...)                      # draft (root = pending token)
@@ -124,7 +125,9 @@ class StepReport:
     """What one step did: the tokens it emitted and, for a verified draft, how much was accepted."""
 
     tokens: list[int]
-    kind: str  # "prefill", "speculative" (a draft was verified) or "plain" (one token, no draft)
+    # "prefill", "speculative" (a drafter's draft was verified), "lookup" (only a chain copied from the text
+    # was: prompt lookup, or a plain step of the fallback's that found one) or "plain" (one token, no draft)
+    kind: str
     drafted: int = 0
     accepted: int = 0
     depth: int = 0  # levels of the verified draft
@@ -172,8 +175,8 @@ class SpeculativeDecoding:
             raise AnchorspecError("staged verification and a lookup chain do not combine: the chain's rows are not "
                                   "in level order")
         self.target, self.cfg, self.staged = target, cfg, staged
-        # the chain is drafted after the drafter's tree, so a proposer is needed (decode/lookup.py)
-        self.lookup = ContextLookup(lookup) if lookup is not None and proposer is not None else None
+        # the chain is merged into the drafter's tree; with no proposer it is the whole draft (prompt lookup)
+        self.lookup = ContextLookup(lookup) if lookup is not None else None
         self._lookup_step: tuple[DraftTree, list[int]] | None = None  # the drafter's tree, the chain merged into it
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())
@@ -209,7 +212,8 @@ class SpeculativeDecoding:
         """Start without a prefill: `prefix` holds the target's rows for the prompt minus its last
         token, which are copied into this sequence's slot; the last prompt token is then fed like any
         pending token, by the first plain step (so in a batch it rides the round's forward instead of
-        prefilling alone). Plain decoding only: a drafter would need the prefix's target features."""
+        prefilling alone). Plain decoding or prompt lookup only: a drafter would need the prefix's target
+        features."""
         if self.started:
             raise AnchorspecError("start_from replaces the prefill: call it before the first step")
         if self.proposer is not None:
@@ -223,6 +227,8 @@ class SpeculativeDecoding:
             self.cache = self._solo_slot()
         self.cache.kv.extend(self.cache, prefix.keys, prefix.values)
         self.committed = len(prefix.tokens)
+        if self.lookup is not None:
+            self.sequence = self.ids  # ending with its pending token, the prompt's last
         self.started, self.t0 = True, time.perf_counter()
 
     def use_slot(self, slot: KVSlot) -> None:
@@ -321,7 +327,8 @@ class SpeculativeDecoding:
         if step_shape is None:  # nothing to draft (no proposer, no room, or speculation is off): the root alone
             # the pending token: the last one emitted, or the prompt's last after a shared-prefix start
             pending = self.out.tokens[-1] if self.out.tokens else int(self.ids[-1])
-            return self._begin(DraftTree(torch.tensor([pending]), [-1]), t)
+            root = DraftTree(torch.tensor([pending]), [-1])
+            return self._begin(self._merge_lookup(root) if self._looks_up_alone(speculate) else root, t)
         if hasattr(self.proposer, "propose_passes"):
             yield from self.proposer.update_passes(self.sequence, self._take_unread_aux())
             tree = yield from self.proposer.propose_passes(step_shape, self.cfg.sampling, self.gen)
@@ -331,11 +338,25 @@ class SpeculativeDecoding:
         if self.staged is not None and tree.depth > self.staged and tree.depth_ordered:
             self._whole, tree = tree, tree.levels(self.staged)[0]
         if self.lookup is not None:
-            self.lookup.extend(self.sequence[len(self.lookup.tokens):].tolist())
-            chain = self.lookup.propose(self.out.remaining - 1)  # the bonus token's slot stays free, as for the drafter
-            if chain:
-                self._lookup_step, tree = (tree, chain), merge_chain(tree, chain)
+            tree = self._merge_lookup(tree)
         return self._begin(tree, t)
+
+    def _looks_up_alone(self, speculate: bool) -> bool:
+        """Whether a step with no drafter passes still drafts the lookup chain: prompt lookup (no proposer),
+        and a solo stream's plain steps, where the fallback found the drafter not paying but copied text may
+        still (in a batch a chain would widen every row's forward, which a plain round is there to avoid)."""
+        if self.lookup is None or not isinstance(self.cache, KVSlot):  # a DynamicCache takes 1-row steps only
+            return False
+        return speculate if self.proposer is None else not speculate and not self.batched
+
+    def _merge_lookup(self, tree: DraftTree) -> DraftTree:
+        """`tree` with the lookup chain merged in, when the sequence's suffix occurred before."""
+        self.lookup.extend(self.sequence[len(self.lookup.tokens):].tolist())
+        chain = self.lookup.propose(self.out.remaining - 1)  # the bonus token's slot stays free, as for the drafter
+        if not chain:
+            return tree
+        self._lookup_step = (tree, chain)
+        return merge_chain(tree, chain)
 
     def result(self) -> GenerationResult:
         if not self.finished:
@@ -392,7 +413,7 @@ class SpeculativeDecoding:
         prepared tree's N nodes."""
         tree, draft_s, held = self._take_pending()
         stats = self.stats
-        if self.proposer is not None:  # plain decoding has no draft and no verification to time
+        if self.proposer is not None or self.lookup is not None:  # plain decoding has no draft to time
             stats.draft_s += draft_s
             stats.verify_s += verify_s
         whole, self._whole = self._whole, None
@@ -416,11 +437,12 @@ class SpeculativeDecoding:
         own = next((k for k, node in enumerate(verdict.path) if node >= drafted_by.size), len(verdict.path))
         drafter_path = verdict.path[:own]
         drafter_depth = drafted_by.depth if chain is not None else tree.depth
+        looked_up_alone = drafted_by.size == 1  # a copied chain, no drafter pass (prompt lookup, a fallback step)
         if tree.size > 1:
             stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
             stats.lookup_rows += lookup_rows
             stats.lookup_tokens += verdict.accepted - (len(drafter_path) - 1)
-            if self.policy is not None:
+            if self.policy is not None and not looked_up_alone:
                 self.policy.observe(drafter_depth, len(drafter_path) - 1)
         else:
             stats.target_forwards += 1
@@ -428,11 +450,13 @@ class SpeculativeDecoding:
         if chain is not None:
             self.lookup.observe(common_prefix(chain, new))
         emitted = self._emit(new)
-        if self.proposer is not None:
+        if self.proposer is not None or self.lookup is not None:
             self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
+        if self.proposer is not None:
             self._unread_aux.append(aux[verdict.path])
         if tree.size > 1:
-            return StepReport(emitted, "speculative", tree.size - 1, verdict.accepted, tree.depth, draft_s,
+            return StepReport(emitted, "lookup" if looked_up_alone else "speculative", tree.size - 1,
+                              verdict.accepted, tree.depth, draft_s,
                               verify_s, held, drafted_by.top_ranked_run(drafter_path),
                               drafted_by.top_ranked_depth, drafter_depth, len(drafter_path) - 1, lookup_rows)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
@@ -456,8 +480,9 @@ class SpeculativeDecoding:
         self.stats.prefill_s = time.perf_counter() - t
         self.stats.target_forwards = 1
         token = pick_token(logits[-1], self.cfg.sampling, self.gen)
-        if self.proposer is not None:
+        if self.proposer is not None or self.lookup is not None:
             self.sequence = torch.cat([self.ids, torch.tensor([token])])
+        if self.proposer is not None:
             self._unread_aux = [aux]
         return StepReport(self._emit([token]), "prefill", verify_s=self.stats.prefill_s)
 
@@ -473,6 +498,13 @@ class PlainDecoding(SpeculativeDecoding):
 def generate_vanilla(target: Target, prompt_ids, cfg: GenerationConfig) -> GenerationResult:
     """Plain autoregressive decoding with a KV cache: the reference every speculative run must match."""
     return PlainDecoding(target, prompt_ids, cfg).run()
+
+
+def generate_prompt_lookup(target: Target, prompt_ids, cfg: GenerationConfig,
+                           lookup: LookupSettings = LookupSettings()) -> GenerationResult:
+    """Speculative decoding with no drafter: each step verifies the chain copied from where the
+    sequence's last tokens occurred before (decode/lookup.py), or decodes one token where they did not."""
+    return SpeculativeDecoding(target, None, prompt_ids, cfg, None, lookup=lookup).run()
 
 
 def generate_speculative(target: Target, proposer: Proposer, prompt_ids, cfg: GenerationConfig,

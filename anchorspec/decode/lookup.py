@@ -8,7 +8,9 @@ as far as the repetition does. The chain is merged into the drafter's tree by pr
 token the drafter also proposed shares its node), so greedy verification accepts the longer of
 the two paths and the drafter's own acceptance is never lost; what the lookup costs is its extra
 verify rows. Its length adapts to how much the previous chain had accepted (2 * accepted + 2; 4
-after a step that found no match), so outside a repetition it adds a row or two.
+after a step that found no match), so outside a repetition it adds a row or two. With no drafter the
+chain is the whole draft (prompt lookup: `generate_prompt_lookup`, `generate --lookup` without
+`--drafter`), a speedup for any target without training anything.
 
 In a sampled draft a copied token is a fixed candidate (`DraftTree.fixed`), tested with probability p(x)
 beside the drawn ones (decode/verify.py). Sampled text repeats less: along the target's own answers a chain

@@ -1,0 +1,162 @@
+"""Prompt lookup: the speculative loop with no drafter, drafting only the chain copied from where the
+sequence's last tokens occurred before (decode/lookup.py; `generate_prompt_lookup`). Greedy output is
+the target's own token for token (float64, every family, a stop token inside an accepted chain, the
+token budget, batched rounds, a shared-prefix start, a sliding-window target); sampled output keeps
+the target's distribution (the copied tokens are point-mass candidates), and an always-accepting
+verifier is detected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import anchorspec.decode.verify as verify
+from anchorspec.api import Engine
+from anchorspec.decode.batch import SharedPrefix
+from anchorspec.decode.engine import (GenerationConfig, SpeculativeDecoding, generate_prompt_lookup,
+                                      generate_vanilla)
+from anchorspec.decode.lookup import LookupSettings
+from anchorspec.decode.round import BatchDecoder
+from anchorspec.decode.sampling import SamplingParams
+from helpers import FAMILIES, tiny_target
+from test_lookup import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE
+from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LOOKUP = LookupSettings()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_prompt_lookup_is_the_targets_output_every_family(family):
+    target = tiny_target(family)
+    cfg = GenerationConfig(max_new_tokens=40)
+    won = 0
+    for prompt in PROMPTS:
+        ref = generate_vanilla(target, prompt, cfg)
+        res = generate_prompt_lookup(target, prompt, cfg, LOOKUP)
+        assert res.token_ids == ref.token_ids and res.finish_reason == ref.finish_reason
+        assert res.stats.lookup_rows == res.stats.drafted_tokens  # every drafted token was copied
+        won += res.stats.lookup_tokens
+    assert won > 0  # chains were accepted: the tiny targets cycle
+
+
+def test_prompt_lookup_takes_fewer_target_forwards_where_the_output_cycles():
+    target = tiny_target("qwen2")  # its greedy output is a 2-token cycle from the first token
+    cfg = GenerationConfig(max_new_tokens=48)
+    res = generate_prompt_lookup(target, PROMPTS[0], cfg, LOOKUP)
+    assert res.token_ids == generate_vanilla(target, PROMPTS[0], cfg).token_ids
+    assert res.stats.target_forwards + res.stats.verify_steps < 48 / 3  # 12: 8 before the cycle is seen twice
+    assert res.stats.tau > 4
+
+
+def test_stop_token_inside_an_accepted_chain():
+    target = tiny_target("granite")
+    free = generate_vanilla(target, PROMPTS[0], GenerationConfig(max_new_tokens=20)).token_ids
+    cycle = free[4:9]  # granite's greedy output settles into a 5-token cycle
+    assert free[9:19] == cycle * 2
+    prompt = torch.cat([PROMPTS[0], torch.tensor(free[:13])])  # the cycle once and a half
+    stop = free[13 + 4]  # its fifth token, never emitted before this generation's chain copies it
+    cfg = GenerationConfig(max_new_tokens=30, stop_token_ids=(stop,))
+    ref = generate_vanilla(target, prompt, cfg)
+    assert ref.finish_reason == "stop" and len(ref.token_ids) == 5
+    res = generate_prompt_lookup(target, prompt, cfg, LOOKUP)
+    assert res.token_ids == ref.token_ids and res.finish_reason == "stop"
+    assert res.stats.lookup_tokens >= 4 and res.stats.verify_steps == 1  # the stop came from inside one chain
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5, 9, 17])
+def test_prompt_lookup_keeps_the_token_budget(max_new):
+    target = tiny_target("qwen2")
+    cfg = GenerationConfig(max_new_tokens=max_new)
+    ref = generate_vanilla(target, PROMPTS[0], cfg)
+    res = generate_prompt_lookup(target, PROMPTS[0], cfg, LookupSettings(max_tokens=32))
+    assert res.token_ids == ref.token_ids and res.finish_reason == "length"
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(1.0, 0.95)], ids=["greedy", "sampled"])
+def test_batched_rounds_equal_solo_runs(sampling):
+    target = tiny_target("llama")
+    cfgs = [GenerationConfig(max_new_tokens=n, sampling=sampling, seed=7 + n) for n in BATCH_TOKENS]
+    lookup = LOOKUP if sampling.greedy else SINGLE  # sampled text repeats single tokens, rarely pairs
+    solo = [generate_prompt_lookup(target, p, c, lookup) for p, c in zip(BATCH_PROMPTS, cfgs)]
+    decs = [SpeculativeDecoding(target, None, p, c, None, lookup=lookup) for p, c in zip(BATCH_PROMPTS, cfgs)]
+    decoder = BatchDecoder(target)
+    while not all(d.finished for d in decs):
+        result = decoder.round([(d, True) for d in decs if not d.finished])
+        assert not any(isinstance(r, BaseException) for r in result.reports)
+    assert [d.result().token_ids for d in decs] == [r.token_ids for r in solo]
+    assert [d.result().stats.lookup_rows for d in decs] == [r.stats.lookup_rows for r in solo]
+    assert sum(r.stats.lookup_tokens if sampling.greedy else r.stats.lookup_rows for r in solo) > 0
+
+
+def test_a_shared_prefix_start_drafts_from_the_prompt():
+    target = tiny_target("llama")
+    prompt = PROMPTS[0]
+    cfg = GenerationConfig(max_new_tokens=24)
+    dec = SpeculativeDecoding(target, None, prompt, cfg, None, lookup=LOOKUP)
+    dec.start_from(SharedPrefix.build(target, prompt[:-1]))
+    res = dec.run()
+    assert res.token_ids == generate_vanilla(target, prompt, cfg).token_ids
+    assert res.stats.lookup_tokens > 0
+
+
+def test_a_sliding_window_target_decodes_plainly():
+    target = tiny_target("mistral")
+    target.model.config.sliding_window = 8  # its cache cannot verify several rows: plain steps only
+    cfg = GenerationConfig(max_new_tokens=24)
+    res = generate_prompt_lookup(target, PROMPTS[0], cfg, LOOKUP)
+    assert res.token_ids == generate_vanilla(target, PROMPTS[0], cfg).token_ids
+    assert res.stats.verify_steps == 0
+
+
+def test_engine_without_a_drafter_looks_up_when_asked():
+    engine = Engine(tiny_target("qwen2"))
+    ids = PROMPTS[0].tolist()
+    plain = engine.generate(ids, max_new_tokens=32, lookup="default")  # without a drafter: plain decoding
+    looked = engine.generate(ids, max_new_tokens=32, lookup=LOOKUP)
+    assert looked.token_ids == plain.token_ids
+    assert plain.stats.verify_steps == 0 and looked.stats.lookup_tokens > 0
+    assert engine.generate(ids, max_new_tokens=32, lookup=LOOKUP, speculative=False).stats.verify_steps == 0
+
+
+# single-token matches: in 4 + 4 tokens of an 8-token vocabulary a copied chain is proposed at most steps
+SAMPLED_LOOKUP = LookupSettings(max_tokens=3, min_match=1, max_match=2)
+
+
+def sampled_runs(target, n: int) -> tuple[torch.Tensor, int, int]:
+    """n seeded prompt-lookup generations of NEW tokens: the samples, the copied tokens verified and accepted."""
+    samples, rows, won = torch.zeros(n, NEW, dtype=torch.long), 0, 0
+    for i in range(n):
+        cfg = GenerationConfig(max_new_tokens=NEW, sampling=PARAMS, seed=20_000 + i)
+        res = generate_prompt_lookup(target, PROMPT, cfg, SAMPLED_LOOKUP)
+        samples[i] = torch.tensor(res.token_ids)
+        rows, won = rows + res.stats.lookup_rows, won + res.stats.lookup_tokens
+    return samples, rows, won
+
+
+@pytest.fixture(scope="module")
+def peaked_target():
+    """A tiny 8-token target whose next-token distributions are peaked, so copied tokens are often right."""
+    import transformers
+
+    from anchorspec.models.target import Target
+    from helpers import tiny_config
+
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=8, layers=4))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return Target(model.to(torch.float64).eval())
+
+
+def test_sampled_prompt_lookup_keeps_the_target_distribution(peaked_target):
+    samples, rows, won = sampled_runs(peaked_target, 2500)
+    assert rows > 2500 and won > 100  # copied tokens were verified at most steps, and often accepted
+    assert worst_p_value(samples, exact_distribution(peaked_target)) > 1e-3
+
+
+def test_an_always_accepting_verifier_is_detected(peaked_target, monkeypatch):
+    monkeypatch.setattr(verify, "acceptance_probability", lambda p, q: 1.0)
+    samples, _, _ = sampled_runs(peaked_target, 800)
+    assert worst_p_value(samples, exact_distribution(peaked_target)) < 1e-6
