@@ -18,6 +18,7 @@ from anchorspec.decode.engine import (GenerationConfig, SpeculativeDecoding, gen
 from anchorspec.decode.lookup import LookupSettings
 from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
+from anchorspec.metrics import GenerationStats
 from helpers import FAMILIES, tiny_target
 from test_lookup import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE
 from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
@@ -124,15 +125,15 @@ def test_engine_without_a_drafter_looks_up_when_asked():
 SAMPLED_LOOKUP = LookupSettings(max_tokens=3, min_match=1, max_match=2)
 
 
-def sampled_runs(target, n: int) -> tuple[torch.Tensor, int, int]:
-    """n seeded prompt-lookup generations of NEW tokens: the samples, the copied tokens verified and accepted."""
-    samples, rows, won = torch.zeros(n, NEW, dtype=torch.long), 0, 0
+def sampled_runs(target, n: int) -> tuple[torch.Tensor, GenerationStats]:
+    """n seeded prompt-lookup generations of NEW tokens: the samples [n, NEW] and the runs' stats merged."""
+    samples, stats = torch.zeros(n, NEW, dtype=torch.long), None
     for i in range(n):
         cfg = GenerationConfig(max_new_tokens=NEW, sampling=PARAMS, seed=20_000 + i)
         res = generate_prompt_lookup(target, PROMPT, cfg, SAMPLED_LOOKUP)
         samples[i] = torch.tensor(res.token_ids)
-        rows, won = rows + res.stats.lookup_rows, won + res.stats.lookup_tokens
-    return samples, rows, won
+        stats = res.stats if stats is None else stats.merge(res.stats)
+    return samples, stats
 
 
 @pytest.fixture(scope="module")
@@ -151,12 +152,12 @@ def peaked_target():
 
 
 def test_sampled_prompt_lookup_keeps_the_target_distribution(peaked_target):
-    samples, rows, won = sampled_runs(peaked_target, 2500)
-    assert rows > 2500 and won > 100  # copied tokens were verified at most steps, and often accepted
+    samples, stats = sampled_runs(peaked_target, 2500)
+    assert stats.lookup_rows > 2500 and stats.lookup_tokens > 100  # copied tokens verified in most runs, often accepted
     assert worst_p_value(samples, exact_distribution(peaked_target)) > 1e-3
 
 
 def test_an_always_accepting_verifier_is_detected(peaked_target, monkeypatch):
     monkeypatch.setattr(verify, "acceptance_probability", lambda p, q: 1.0)
-    samples, _, _ = sampled_runs(peaked_target, 800)
+    samples, _ = sampled_runs(peaked_target, 800)
     assert worst_p_value(samples, exact_distribution(peaked_target)) < 1e-6

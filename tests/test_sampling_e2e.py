@@ -53,18 +53,15 @@ def exact_distribution(target: Target, new: int = NEW) -> torch.Tensor:
     return joint.reshape([V] * new)
 
 
-def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None, lookup_counts=None):
-    samples = torch.zeros(n, new, dtype=torch.long)
-    steps = accepted = 0
+def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None):
+    """n seeded generations of `new` tokens: the samples [n, new] and the runs' stats merged."""
+    samples, stats = torch.zeros(n, new, dtype=torch.long), None
     for i in range(n):
         cfg = GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=10_000 + i)
         res = generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged, lookup=lookup)
         samples[i] = torch.tensor(res.token_ids)
-        steps, accepted = steps + res.stats.verify_steps, accepted + res.stats.accepted_tokens
-        if lookup_counts is not None:
-            lookup_counts[0] += res.stats.lookup_rows
-            lookup_counts[1] += res.stats.lookup_tokens
-    return samples, accepted / steps  # mean accepted drafts per verification
+        stats = res.stats if stats is None else stats.merge(res.stats)
+    return samples, stats
 
 
 def worst_p_value(samples: torch.Tensor, exact: torch.Tensor) -> float:
@@ -92,9 +89,9 @@ def worst_p_value(samples: torch.Tensor, exact: torch.Tensor) -> float:
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(3, 3, 8)], ids=["chain", "tree"])
 def test_speculative_sampling_matches_target_distribution(setup, shape):
     target, proposer = setup
-    samples, accepted_per_step = run_many(target, proposer, shape, 2500)
+    samples, stats = run_many(target, proposer, shape, 2500)
     # both verifier branches ran many times: acceptances and rejections
-    assert 0.1 < accepted_per_step < 0.9 * shape.depth
+    assert 0.1 < stats.accepted_tokens / stats.verify_steps < 0.9 * shape.depth
     assert worst_p_value(samples, exact_distribution(target)) > 1e-3
 
 
@@ -114,12 +111,11 @@ SAMPLED_LOOKUP = LookupSettings(max_tokens=3, min_match=1, max_match=2)
 def test_sampling_with_a_lookup_chain_matches_target_distribution(setup, shape):
     """A chain copied from the sequence merged into sampled drafts: its tokens are fixed candidates."""
     target, proposer = setup
-    counts = [0, 0]
-    samples, _ = run_many(target, proposer, shape, 2500, lookup=SAMPLED_LOOKUP, lookup_counts=counts)
+    samples, stats = run_many(target, proposer, shape, 2500, lookup=SAMPLED_LOOKUP)
     # copied rows were verified, and won tokens past the drafter's (rarely: this target is close to uniform, which
     # is also why a verifier that tests them with q moves the output too little to detect here; that negative
     # control is test_verify.py's, on a target and drafter that disagree)
-    assert counts[0] > 1000 and counts[1] > 25
+    assert stats.lookup_rows > 1000 and stats.lookup_tokens > 25
     assert worst_p_value(samples, exact_distribution(target)) > 1e-3
 
 

@@ -456,9 +456,9 @@ class SpeculativeDecoding:
             self._unread_aux.append(aux[verdict.path])
         if tree.size > 1:
             return StepReport(emitted, "lookup" if looked_up_alone else "speculative", tree.size - 1,
-                              verdict.accepted, tree.depth, draft_s,
-                              verify_s, held, drafted_by.top_ranked_run(drafter_path),
-                              drafted_by.top_ranked_depth, drafter_depth, len(drafter_path) - 1, lookup_rows)
+                              verdict.accepted, tree.depth, draft_s, verify_s, held,
+                              drafted_by.top_ranked_run(drafter_path), drafted_by.top_ranked_depth, drafter_depth,
+                              len(drafter_path) - 1, lookup_rows)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _solo_slot(self) -> KVSlot:
