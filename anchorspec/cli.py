@@ -107,6 +107,7 @@ tokens, the target model verifies them in one forward pass; the output is exactl
 
 first steps:
   anchorspec generate --target smollm2-135m-instruct --no-spec --chat --prompt "Hello"
+  anchorspec generate --target smollm2-135m-instruct --lookup --chat --prompt "Hello"   # no drafter
   anchorspec generate --target smollm2-135m-instruct --chat --prompt "Hello" \\
       --drafter checkpoints/smollm2-135m-instruct-eagle3.1
   anchorspec tune --target smollm2-135m-instruct --drafter checkpoints/smollm2-135m-instruct-eagle3.1
