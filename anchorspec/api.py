@@ -225,7 +225,9 @@ class Engine:
         (decode/engine.py). `prune="drift"`: stop expanding a draft branch whose drafter state has
         drifted (decode/propose.py). `lookup`: merge a chain copied from the sequence itself into each
         draft (decode/lookup.py; at T > 0 its tokens are fixed candidates beside the drawn ones); "default"
-        is LookupSettings() unless `staged` is asked for (the two do not combine), None turns it off."""
+        is LookupSettings() unless `staged` is asked for (the two do not combine), None turns it off. On an
+        engine without a drafter, a LookupSettings given makes the chain the whole draft (prompt lookup);
+        "default" there decodes plainly."""
         if adaptive and depth_control not in (None, "step"):
             raise AnchorspecError(f"adaptive=True is depth_control='step'; it conflicts with {depth_control!r}")
         if lookup == "default":  # with a drafter; without one, only a lookup asked for drafts (prompt lookup)
