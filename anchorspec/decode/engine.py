@@ -156,8 +156,10 @@ def full_attention(target: Target) -> bool:
 class SpeculativeDecoding:
     """Speculative decoding of one sequence, one draft-verify-commit step per `step()` call, so a
     server can interleave many sequences. `step(speculate=False)` verifies the pending token
-    alone (a plain decode step); the target features of such steps are kept and handed to the
-    proposer when speculation resumes, so its cache stays exact.
+    alone (a plain decode step; with a lookup, outside a batch, the pending token and the chain
+    copied from the text, when one is found); the target features of such steps are kept and handed
+    to the proposer when speculation resumes, so its cache stays exact. With no proposer and a
+    lookup, every step is such a lookup step (prompt lookup).
 
     The target KV cache is a slot of a BatchKV: of the shared one once `join`ed to a batch, else of
     a one-slot BatchKV of its own (a solo generation is a batch of one). A target with sliding-window
