@@ -152,18 +152,24 @@ def test_lookup_raises_tau_where_the_output_cycles():
     assert with_lookup.stats.target_forwards < without.stats.target_forwards / 2
 
 
-def test_stop_token_inside_an_accepted_lookup_chain():
+def stop_inside_a_cycle():
+    """granite, a prompt and a config whose plain greedy output stops inside a repetition the lookup copies:
+    the prompt holds granite's 5-token greedy cycle once and a half, so the lookup proposes it and the
+    second step's chain runs six tokens deep, and the cycle's fifth token, never emitted before, is the stop.
+    Returns (target, prompt, cfg, the plain result)."""
     target = tiny_target("granite")
     free = generate_vanilla(target, PROMPTS[0], GenerationConfig(max_new_tokens=20)).token_ids
     cycle = free[4:9]  # granite's greedy output settles into a 5-token cycle
     assert free[9:19] == cycle * 2
-    # a prompt that holds the cycle once and a half: the lookup proposes it, the second step's chain runs
-    # six tokens deep, and the cycle's fifth token, never emitted before, stops the generation inside it
     prompt = torch.cat([PROMPTS[0], torch.tensor(free[:13])])
-    stop = free[13 + 4]
-    cfg = GenerationConfig(max_new_tokens=30, stop_token_ids=(stop,))
+    cfg = GenerationConfig(max_new_tokens=30, stop_token_ids=(free[13 + 4],))
     ref = generate_vanilla(target, prompt, cfg)
     assert ref.finish_reason == "stop" and len(ref.token_ids) == 5
+    return target, prompt, cfg, ref
+
+
+def test_stop_token_inside_an_accepted_lookup_chain():
+    target, prompt, cfg, ref = stop_inside_a_cycle()
     res = generate_speculative(target, EagleProposer(random_drafter(target)), prompt, cfg, TreeShape.chain(1),
                                lookup=LOOKUP)
     assert res.token_ids == ref.token_ids and res.finish_reason == "stop"
@@ -212,6 +218,11 @@ def batched(target, drafter, cfgs, lookup) -> list[SpeculativeDecoding]:
     """BATCH_PROMPTS decoded in rounds of one BatchDecoder, each with its BATCH_SHAPES shape and `cfgs` config."""
     decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, c, s, lookup=lookup)
             for p, c, s in zip(BATCH_PROMPTS, cfgs, BATCH_SHAPES)]
+    return in_rounds(target, decs)
+
+
+def in_rounds(target, decs: list[SpeculativeDecoding]) -> list[SpeculativeDecoding]:
+    """Step `decs` in rounds of one BatchDecoder, speculating, until all finish (no row may fail)."""
     decoder = BatchDecoder(target)
     while not all(d.finished for d in decs):
         result = decoder.round([(d, True) for d in decs if not d.finished])

@@ -16,12 +16,11 @@ from anchorspec.decode.batch import SharedPrefix
 from anchorspec.decode.engine import (GenerationConfig, SpeculativeDecoding, generate_prompt_lookup,
                                       generate_vanilla)
 from anchorspec.decode.lookup import LookupSettings
-from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.metrics import GenerationStats
 from helpers import FAMILIES, tiny_target
-from test_lookup import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE
-from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
+from test_lookup import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE, in_rounds, stop_inside_a_cycle
+from test_sampling_e2e import PROMPT, exact_distribution, seeded_runs, worst_p_value
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,15 +51,7 @@ def test_prompt_lookup_takes_fewer_target_forwards_where_the_output_cycles():
 
 
 def test_stop_token_inside_an_accepted_chain():
-    target = tiny_target("granite")
-    free = generate_vanilla(target, PROMPTS[0], GenerationConfig(max_new_tokens=20)).token_ids
-    cycle = free[4:9]  # granite's greedy output settles into a 5-token cycle
-    assert free[9:19] == cycle * 2
-    prompt = torch.cat([PROMPTS[0], torch.tensor(free[:13])])  # the cycle once and a half
-    stop = free[13 + 4]  # its fifth token, never emitted before this generation's chain copies it
-    cfg = GenerationConfig(max_new_tokens=30, stop_token_ids=(stop,))
-    ref = generate_vanilla(target, prompt, cfg)
-    assert ref.finish_reason == "stop" and len(ref.token_ids) == 5
+    target, prompt, cfg, ref = stop_inside_a_cycle()
     res = generate_prompt_lookup(target, prompt, cfg, LOOKUP)
     assert res.token_ids == ref.token_ids and res.finish_reason == "stop"
     assert res.stats.lookup_tokens >= 4 and res.stats.verify_steps == 1  # the stop came from inside one chain
@@ -81,11 +72,8 @@ def test_batched_rounds_equal_solo_runs(sampling):
     cfgs = [GenerationConfig(max_new_tokens=n, sampling=sampling, seed=7 + n) for n in BATCH_TOKENS]
     lookup = LOOKUP if sampling.greedy else SINGLE  # sampled text repeats single tokens, rarely pairs
     solo = [generate_prompt_lookup(target, p, c, lookup) for p, c in zip(BATCH_PROMPTS, cfgs)]
-    decs = [SpeculativeDecoding(target, None, p, c, None, lookup=lookup) for p, c in zip(BATCH_PROMPTS, cfgs)]
-    decoder = BatchDecoder(target)
-    while not all(d.finished for d in decs):
-        result = decoder.round([(d, True) for d in decs if not d.finished])
-        assert not any(isinstance(r, BaseException) for r in result.reports)
+    decs = in_rounds(target, [SpeculativeDecoding(target, None, p, c, None, lookup=lookup)
+                              for p, c in zip(BATCH_PROMPTS, cfgs)])
     assert [d.result().token_ids for d in decs] == [r.token_ids for r in solo]
     assert [d.result().stats.lookup_rows for d in decs] == [r.stats.lookup_rows for r in solo]
     assert sum(r.stats.lookup_tokens if sampling.greedy else r.stats.lookup_rows for r in solo) > 0
@@ -126,14 +114,8 @@ SAMPLED_LOOKUP = LookupSettings(max_tokens=3, min_match=1, max_match=2)
 
 
 def sampled_runs(target, n: int) -> tuple[torch.Tensor, GenerationStats]:
-    """n seeded prompt-lookup generations of NEW tokens: the samples [n, NEW] and the runs' stats merged."""
-    samples, stats = torch.zeros(n, NEW, dtype=torch.long), None
-    for i in range(n):
-        cfg = GenerationConfig(max_new_tokens=NEW, sampling=PARAMS, seed=20_000 + i)
-        res = generate_prompt_lookup(target, PROMPT, cfg, SAMPLED_LOOKUP)
-        samples[i] = torch.tensor(res.token_ids)
-        stats = res.stats if stats is None else stats.merge(res.stats)
-    return samples, stats
+    """n seeded prompt-lookup generations of NEW tokens (seeded_runs)."""
+    return seeded_runs(lambda cfg: generate_prompt_lookup(target, PROMPT, cfg, SAMPLED_LOOKUP), n, first_seed=20_000)
 
 
 @pytest.fixture(scope="module")

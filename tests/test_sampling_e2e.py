@@ -53,15 +53,21 @@ def exact_distribution(target: Target, new: int = NEW) -> torch.Tensor:
     return joint.reshape([V] * new)
 
 
-def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None):
-    """n seeded generations of `new` tokens: the samples [n, new] and the runs' stats merged."""
+def seeded_runs(generate, n, new=NEW, first_seed=10_000):
+    """n generations `generate(cfg)` of `new` tokens at PARAMS, seeded first_seed + i: the samples [n, new] and
+    the runs' stats merged."""
     samples, stats = torch.zeros(n, new, dtype=torch.long), None
     for i in range(n):
-        cfg = GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=10_000 + i)
-        res = generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged, lookup=lookup)
+        res = generate(GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=first_seed + i))
         samples[i] = torch.tensor(res.token_ids)
         stats = res.stats if stats is None else stats.merge(res.stats)
     return samples, stats
+
+
+def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None):
+    """n seeded speculative generations (seeded_runs)."""
+    return seeded_runs(lambda cfg: generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged,
+                                                        lookup=lookup), n, new)
 
 
 def worst_p_value(samples: torch.Tensor, exact: torch.Tensor) -> float:
