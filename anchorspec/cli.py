@@ -666,8 +666,9 @@ def cmd_tune(args) -> int:
 def serve_lookup(args) -> LookupSettings | None:
     """The server's lookup chain: on with a drafter unless --no-lookup (load_test.py, session 70, two runs: 1.49-1.54x
     against 1.44-1.45x the plain server at one user; at four and sixteen users within noise of each other, where
-    the monitor turns speculation off for most steps, chain and all)."""
-    if not args.drafter or args.no_lookup:
+    the monitor turns speculation off for most steps, chain and all); with no drafter, prompt lookup when
+    --lookup asks for it (as in generate)."""
+    if args.no_lookup or not (args.drafter or args.lookup):
         return None
     return LookupSettings(args.lookup) if args.lookup else LookupSettings()
 
@@ -687,8 +688,8 @@ def cmd_serve(args) -> int:
         raise AnchorspecError(f"--port must be in 1..65535, got {args.port}")
     if args.drafter and not Path(args.drafter).is_dir():
         raise AnchorspecError(f"drafter directory {args.drafter} does not exist")
-    if (args.chain is not None or args.tree is not None or args.lookup or args.no_lookup) and not args.drafter:
-        raise AnchorspecError("--chain/--tree/--lookup/--no-lookup need --drafter")
+    if (args.chain is not None or args.tree is not None or args.no_lookup) and not args.drafter:
+        raise AnchorspecError("--chain/--tree/--no-lookup need --drafter (--lookup alone serves prompt lookup)")
     _check_port_free(args.host, args.port)  # before the model loads, not after a minute of loading
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
@@ -702,6 +703,7 @@ def cmd_serve(args) -> int:
                      lookup=lookup)
     chain = f", lookup chain of up to {lookup.max_tokens} at T=0" if lookup else ", no lookup chain"
     mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source}){chain}" if args.drafter
+            else f"prompt lookup, chains of up to {lookup.max_tokens} copied from each request's text" if lookup
             else "plain decoding (no --drafter)")
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -1131,9 +1133,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--fallback-threshold", type=float,
                     help="fixed break-even tau (default: measured from the server's own step costs)")
     serve_look = sv.add_mutually_exclusive_group()
-    serve_look.add_argument("--lookup", type=_count, metavar="TOKENS",
-                            help="requests also verify a chain copied from their own text, on by default "
-                                 f"with a drafter (as in generate): its longest chain (default {LookupSettings.max_tokens})")
+    serve_look.add_argument("--lookup", type=_count, metavar="TOKENS", nargs="?", const=LookupSettings.max_tokens,
+                            help="requests also verify a chain copied from their own text, on by default with a "
+                                 f"drafter (as in generate): its longest chain (default {LookupSettings.max_tokens}); "
+                                 "without --drafter: prompt lookup, the copied chains are the whole draft")
     serve_look.add_argument("--no-lookup", action="store_true", help="draft with the drafter alone")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="uvicorn's log level")

@@ -13,6 +13,9 @@ The whole run has a hard timeout: on expiry the servers are killed and what was 
         --max-tokens 16 --out /tmp/load_smoke.json                                     # smoke
     ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --drafter-arg=--no-lookup --out out/load-nolookup.json
                                                  # the drafter's server with an option the plain one refuses
+    ANCHORSPEC_HOME=/tmp/ashome python benchmarks/load_test.py --modes plain,lookup --interleave 4 --out out/lookup.json
+                                                 # prompt lookup (serve --lookup, no drafter) against plain,
+                                                 # both servers up, each level in 4 alternating blocks each
 
 Figures (per level and server):
   per-user tok/s   median over requests of completion tokens / request latency (what one user sees)
@@ -48,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
 DEFAULT_DRAFTER = ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3.1"
 MODEL_NAME = "bench"
+MODES = ("plain", "lookup", "drafter")  # plain first: every other server's speedup is over it
 
 
 # --- pure helpers ---------------------------------------------------------------------------------
@@ -97,13 +101,6 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def histogram_mean(name: str, before: dict, after: dict) -> float | None:
-    """Mean of a Prometheus histogram's observations between two scrapes."""
-    n = after.get(f"{name}_count", 0) - before.get(f"{name}_count", 0)
-    s = after.get(f"{name}_sum", 0) - before.get(f"{name}_sum", 0)
-    return s / n if n > 0 else None
-
-
 def read_prompts(path: Path) -> list[str]:
     prompts = []
     for line in path.read_text().splitlines():
@@ -126,7 +123,7 @@ def free_port() -> int:
 class Server:
     """`python -m anchorspec serve` of this checkout, on loopback; its log goes to a file."""
 
-    def __init__(self, args, drafter: str | None, log_dir: Path):
+    def __init__(self, args, mode: str, drafter: str | None, log_dir: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "anchorspec", "serve", "--target", args.target, "--port", str(self.port),
@@ -136,9 +133,9 @@ class Server:
             cmd += ["--drafter", drafter]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
-        cmd += args.server_arg + (args.drafter_arg if drafter else [])
+        cmd += args.server_arg + (args.drafter_arg if drafter else []) + (["--lookup"] if mode == "lookup" else [])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.log_path = log_dir / ("server-drafter.log" if drafter else "server-plain.log")
+        self.log_path = log_dir / f"server-{mode}.log"
         self.log = self.log_path.open("w")
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -209,8 +206,10 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
             "fallback_switches": spec.get("fallback_switches", 0)}
 
 
-async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_tokens: int,
+async def run_block(url: str, prompts: list[str], concurrency: int, n: int, max_tokens: int,
                     temperature: float = 0.0, top_p: float = 1.0) -> dict:
+    """`n` requests, at most `concurrency` in flight: their records, the wall time and the server's /metrics
+    before and after."""
     def sampled(index: int) -> dict | None:
         return None if temperature == 0 else {"temperature": temperature, "top_p": top_p, "seed": index}
 
@@ -232,30 +231,53 @@ async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_
         await asyncio.gather(*(user() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
         after = parse_prometheus((await client.get(url + "/metrics")).text)
-    out = summarize(records, wall)
-    out["concurrency"] = concurrency
-    out["batch_rows_mean"] = histogram_mean("anchorspec_batch_rows", before, after)
-    out["draft_rows_mean"] = histogram_mean("anchorspec_draft_rows", before, after)
+    return {"records": records, "wall_s": wall, "before": before, "after": after}
+
+
+def level_summary(blocks: list[dict], concurrency: int) -> dict:
+    """One level's figures from its blocks (one, or several interleaved with other servers' blocks)."""
+    records = [r for b in blocks for r in b["records"]]
+    out = summarize(records, sum(b["wall_s"] for b in blocks))
+    out["concurrency"], out["blocks"] = concurrency, len(blocks)
+
+    def mean(name: str) -> float | None:  # a histogram's mean over every block
+        n = sum(b["after"].get(f"{name}_count", 0) - b["before"].get(f"{name}_count", 0) for b in blocks)
+        total = sum(b["after"].get(f"{name}_sum", 0) - b["before"].get(f"{name}_sum", 0) for b in blocks)
+        return total / n if n > 0 else None
+
+    out["batch_rows_mean"] = mean("anchorspec_batch_rows")
+    out["draft_rows_mean"] = mean("anchorspec_draft_rows")
     # tau*(B) averaged over the level's batched rounds: the gauge alone is the latest round's, whose B is
     # the burst's tail (session 31 quoted 1.34 at 16 users where a round of 16 breaks even near 1.9)
-    out["break_even_tau"] = histogram_mean("anchorspec_round_break_even_tau", before, after)
-    out["break_even_tau_last"] = after.get("anchorspec_break_even_tau")
+    out["break_even_tau"] = mean("anchorspec_round_break_even_tau")
+    out["break_even_tau_last"] = blocks[-1]["after"].get("anchorspec_break_even_tau")
     # a round that compiled a graph (serve --compile) took seconds: a level with some is not steady state
-    out["compiled_rounds"] = after.get("anchorspec_compiled_rounds_total", 0) - before.get("anchorspec_compiled_rounds_total", 0)
+    out["compiled_rounds"] = sum(b["after"].get("anchorspec_compiled_rounds_total", 0)
+                                 - b["before"].get("anchorspec_compiled_rounds_total", 0) for b in blocks)
     out["error_samples"] = [r["error"] for r in records if r["error"]][:3]
     out["texts"] = {str(r["prompt"]): r["text"] for r in records if r["error"] is None}
     return out
 
 
-async def run_server(args, mode: str, drafter: str | None, prompts, results: dict, log_dir: Path) -> None:
-    server = Server(args, drafter, log_dir)
+async def run_level(url: str, prompts: list[str], concurrency: int, n: int, max_tokens: int,
+                    temperature: float = 0.0, top_p: float = 1.0) -> dict:
+    return level_summary([await run_block(url, prompts, concurrency, n, max_tokens, temperature, top_p)], concurrency)
+
+
+async def warm_up(server: Server, mode: str, args, prompts) -> None:
+    """Wait until `server` is ready, then send it one request, not measured."""
     print(f"[{mode}] starting: {' '.join(server.cmd)}", file=sys.stderr)
+    await server.wait_ready(args.start_timeout)
+    async with httpx.AsyncClient(timeout=None) as client:
+        warm = await one_request(client, server.url, prompts[0], args.max_tokens)
+    if warm["error"]:
+        raise RuntimeError(f"warm-up request failed: {warm['error']}\n{server.tail()}")
+
+
+async def run_server(args, mode: str, drafter: str | None, prompts, results: dict, log_dir: Path) -> None:
+    server = Server(args, mode, drafter, log_dir)
     try:
-        await server.wait_ready(args.start_timeout)
-        async with httpx.AsyncClient(timeout=None) as client:  # warm-up, not measured
-            warm = await one_request(client, server.url, prompts[0], args.max_tokens)
-        if warm["error"]:
-            raise RuntimeError(f"warm-up request failed: {warm['error']}\n{server.tail()}")
+        await warm_up(server, mode, args, prompts)
         results[mode] = {}
         for c in args.concurrency:
             n = requests_for(c, args.requests)
@@ -270,8 +292,38 @@ async def run_server(args, mode: str, drafter: str | None, prompts, results: dic
         server.stop()
 
 
-def speedups(results: dict) -> dict:
-    plain, spec = results.get("plain", {}), results.get("drafter", {})
+async def run_interleaved(args, prompts, results: dict, log_dir: Path) -> None:
+    """Every server up at once, each level's requests sent to one server at a time in `args.interleave` blocks
+    per server, the servers' order reversed every block: a host whose speed drifts (session 76: the plain
+    server's 16-user figure fell from 201 to 145 tok/s over four sequential runs) weighs on every server alike."""
+    servers = {mode: Server(args, mode, args.drafter if mode == "drafter" else None, log_dir) for mode in args.modes}
+    try:
+        for mode, server in servers.items():
+            await warm_up(server, mode, args, prompts)
+            results[mode] = {}
+        for c in args.concurrency:
+            n = requests_for(c, args.requests)
+            blocks: dict[str, list] = {mode: [] for mode in servers}
+            if args.warm_levels:
+                for mode, server in servers.items():
+                    await run_block(server.url, prompts, c, n, args.max_tokens, args.temperature, args.top_p)
+            for rep in range(args.interleave):
+                for mode in (list(servers) if rep % 2 == 0 else list(servers)[::-1]):
+                    blocks[mode].append(await run_block(servers[mode].url, prompts, c, n, args.max_tokens,
+                                                        args.temperature, args.top_p))
+            for mode in servers:
+                level = results[mode][str(c)] = level_summary(blocks[mode], c)
+                print(f"[{mode}] concurrency {c}: {args.interleave} x {n} requests, {level['total_tok_s']:.2f} tok/s "
+                      f"total, {level['per_user_tok_s_median']:.2f} tok/s per user, {level['errors']} errors",
+                      file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def speedups(results: dict, mode: str = "drafter") -> dict:
+    """Per level, `mode`'s server over the plain one."""
+    plain, spec = results.get("plain", {}), results.get(mode, {})
     out = {}
     for c in spec:
         if c in plain:
@@ -291,12 +343,12 @@ def markdown(results: dict, speedup: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     levels = sorted({int(c) for mode in results.values() for c in mode})
     for c in levels:
-        for mode in ("plain", "drafter"):
+        for mode in MODES:
             r = results.get(mode, {}).get(str(c))
             if r is None:
                 continue
             lat = r["latency_s"]
-            if mode != "drafter":
+            if mode == "plain":
                 tau = "-"
             elif r["tau"] is None:  # every step plain: the drift fallback kept speculation off
                 tau = f"- (0, {r['fallback_switches']})"
@@ -309,11 +361,13 @@ def markdown(results: dict, speedup: dict) -> str:
             lines.append(f"| {c} | {mode} | {r['requests']}{err} | {r['per_user_tok_s_median']:.2f} | "
                          f"{r['total_tok_s']:.2f} | {lat['p50']:.2f} / {lat['p90']:.2f} / {lat['p99']:.2f} | "
                          f"{r['ttft_s_p50']:.2f} | {tau} | {tstar} | {rows} |")
-    if speedup:
-        lines += ["", "| concurrency | speedup drafter / plain: total tok/s | per-user tok/s (median) "
+    for mode, by_level in speedup.items():
+        if not by_level:
+            continue
+        lines += ["", f"| concurrency | speedup {mode} / plain: total tok/s | per-user tok/s (median) "
                   "| outputs differing |", "|---|---|---|---|"]
-        for c in sorted(speedup, key=int):
-            s = speedup[c]
+        for c in sorted(by_level, key=int):
+            s = by_level[c]
             lines.append(f"| {c} | {s['total_tok_s']:.2f}x | {s['per_user_tok_s_median']:.2f}x "
                          f"| {s['outputs_differing']} / {s['outputs_compared']} |")
     return "\n".join(lines)
@@ -323,7 +377,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=str(DEFAULT_DRAFTER))
-    p.add_argument("--modes", default="plain,drafter", help="which servers: plain (no drafter), drafter, or both")
+    p.add_argument("--modes", default="plain,drafter",
+                   help="which servers, comma-separated: plain (no drafter), lookup (no drafter, serve --lookup: "
+                        "prompt lookup), drafter")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="MT-bench question.jsonl (first turns are used)")
     p.add_argument("--concurrency", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--requests", type=int, help="requests per level (default max(8, 2 x concurrency))")
@@ -337,6 +393,9 @@ def parse_args(argv=None):
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for `anchorspec serve` (repeat)")
     p.add_argument("--drafter-arg", action="append", default=[],
                    help="extra argument for the drafter's server only (repeat; e.g. --drafter-arg=--no-lookup)")
+    p.add_argument("--interleave", type=int, default=0, metavar="BLOCKS",
+                   help="every server up at once, each level sent to one server at a time in BLOCKS blocks of "
+                        "--requests per server, alternating (0, the default: one server after the other)")
     p.add_argument("--warm-levels", action="store_true",
                    help="run every level once unmeasured before measuring it (for --server-arg=--compile: the "
                         "graphs of its batch shapes are built then, not while measured)")
@@ -345,10 +404,12 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="JSON results")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not args.modes or set(args.modes) - {"plain", "drafter"}:
-        p.error("--modes takes plain, drafter or plain,drafter")
+    if not args.modes or set(args.modes) - set(MODES):
+        p.error(f"--modes takes a comma-separated subset of {','.join(MODES)}")
     if any(c < 1 for c in args.concurrency) or (args.requests is not None and args.requests < 1) or args.max_tokens < 1:
         p.error("--concurrency, --requests and --max-tokens must be >= 1")
+    if args.interleave < 0:
+        p.error("--interleave must be >= 0")
     if "drafter" in args.modes and not Path(args.drafter).is_dir():
         p.error(f"drafter directory {args.drafter} does not exist")
     args.max_running = args.max_running or max(args.concurrency)
@@ -357,6 +418,9 @@ def parse_args(argv=None):
 
 async def main_async(args, prompts, results: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="anchorspec-load-") as tmp:
+        if args.interleave:
+            await run_interleaved(args, prompts, results, Path(tmp))
+            return
         for mode in args.modes:
             await run_server(args, mode, args.drafter if mode == "drafter" else None, prompts, results, Path(tmp))
 
@@ -372,7 +436,7 @@ def main(argv=None) -> int:
         status = f"timed out after {args.timeout:.0f} s (partial results)"
     except RuntimeError as exc:
         status = f"failed: {exc}"
-    speedup = speedups(results)
+    speedup = {mode: speedups(results, mode) for mode in MODES[1:]}
     record = {"status": status,
               "config": {k: (v if not isinstance(v, Path) else str(v)) for k, v in vars(args).items()},
               "prompts": len(prompts), "results": results, "speedup": speedup}

@@ -133,8 +133,9 @@ def test_shapes_print_as_the_flag_takes_them():
                                                      "prompt lookup"),
     (["generate", "--target", "t", "--prompt", "x", "--lookup", "--chain", "2"],
      "--chain/--tree/--adaptive/--depth-control/--staged-verify/--prune need --drafter"),
-    (["serve", "--target", "t", "--lookup", "8"], "--chain/--tree/--lookup/--no-lookup need --drafter"),
-    (["serve", "--target", "t", "--no-lookup"], "--chain/--tree/--lookup/--no-lookup need --drafter"),
+    (["serve", "--target", "t", "--chain", "3"], "--chain/--tree/--no-lookup need --drafter (--lookup alone serves "
+                                                 "prompt lookup)"),
+    (["serve", "--target", "t", "--no-lookup"], "--chain/--tree/--no-lookup need --drafter"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "0"], "--max-steps must be >= 1"),
     (["train", "--target", "t", "--data", "x", "--out", "o", "--max-steps", "1", "--eval-replay", "-1"],
      "--eval-replay must be >= 0"),
@@ -368,7 +369,7 @@ def test_tune_and_generate_agree_on_the_profile(tiny, tmp_path, capsys, monkeypa
 
 def test_serve_lookup_is_on_with_a_drafter_unless_turned_off():
     """`anchorspec serve`'s chain (cli.serve_lookup): on by default with a drafter, its length from --lookup,
-    off with --no-lookup, and never without a drafter."""
+    off with --no-lookup; without a drafter only when --lookup asks (prompt lookup)."""
     import argparse
 
     from anchorspec.cli import serve_lookup
@@ -381,3 +382,4 @@ def test_serve_lookup_is_on_with_a_drafter_unless_turned_off():
     assert serve_lookup(args(lookup=8)) == LookupSettings(8)
     assert serve_lookup(args(no_lookup=True)) is None
     assert serve_lookup(args(drafter=None)) is None
+    assert serve_lookup(args(drafter=None, lookup=16)) == LookupSettings(16)

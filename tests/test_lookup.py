@@ -221,11 +221,12 @@ def batched(target, drafter, cfgs, lookup) -> list[SpeculativeDecoding]:
     return in_rounds(target, decs)
 
 
-def in_rounds(target, decs: list[SpeculativeDecoding]) -> list[SpeculativeDecoding]:
-    """Step `decs` in rounds of one BatchDecoder, speculating, until all finish (no row may fail)."""
+def in_rounds(target, decs: list[SpeculativeDecoding], chains=None) -> list[SpeculativeDecoding]:
+    """Step `decs` in rounds of one BatchDecoder, speculating, until all finish (no row may fail); `chains`:
+    BatchDecoder.round's cap on copied chains."""
     decoder = BatchDecoder(target)
     while not all(d.finished for d in decs):
-        result = decoder.round([(d, True) for d in decs if not d.finished])
+        result = decoder.round([(d, True) for d in decs if not d.finished], chains=chains)
         assert not any(isinstance(r, BaseException) for r in result.reports)
     return decs
 

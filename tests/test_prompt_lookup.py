@@ -15,7 +15,8 @@ from anchorspec.api import Engine
 from anchorspec.decode.batch import SharedPrefix
 from anchorspec.decode.engine import (GenerationConfig, SpeculativeDecoding, generate_prompt_lookup,
                                       generate_vanilla)
-from anchorspec.decode.lookup import LookupSettings
+from anchorspec.decode.fallback import ForwardCosts
+from anchorspec.decode.lookup import CHAIN_MEMORY, ChainPlanner, LookupSettings
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.metrics import GenerationStats
 from helpers import FAMILIES, tiny_target
@@ -143,3 +144,85 @@ def test_an_always_accepting_verifier_is_detected(peaked_target, monkeypatch):
     monkeypatch.setattr(verify, "acceptance_probability", lambda p, q: 1.0)
     samples, _ = sampled_runs(peaked_target, 800)
     assert worst_p_value(samples, exact_distribution(peaked_target)) < 1e-6
+
+
+# --- a batch's cap on copied chains (a server with no drafter: decode/lookup.ChainPlanner) ----------------------
+
+def test_capped_chains_in_rounds_keep_the_greedy_output():
+    """Every round caps the rows' chains at a random length (0: a plain round): each output is still the target's
+    own, and the caps were applied (fewer copied rows verified than uncapped)."""
+    target = tiny_target("llama")
+    cfgs = [GenerationConfig(max_new_tokens=n) for n in BATCH_TOKENS]
+    solo = [generate_vanilla(target, p, c) for p, c in zip(BATCH_PROMPTS, cfgs)]
+    gen, caps = torch.Generator().manual_seed(0), []
+
+    def chains(rows, found):
+        assert rows >= len(found) and all(greedy and n >= 1 for greedy, n in found)
+        caps.append((int(torch.randint(0, max(n for _, n in found) + 1, (), generator=gen)), max(n for _, n in found)))
+        return caps[-1][0]
+
+    decs = in_rounds(target, [SpeculativeDecoding(target, None, p, c, None, lookup=LOOKUP)
+                              for p, c in zip(BATCH_PROMPTS, cfgs)], chains)
+    assert [d.result().token_ids for d in decs] == [r.token_ids for r in solo]
+    assert any(cap == 0 for cap, _ in caps) and any(0 < cap < longest for cap, longest in caps)
+    assert sum(d.result().stats.lookup_tokens for d in decs) > 0
+    whole = in_rounds(target, [SpeculativeDecoding(target, None, p, c, None, lookup=LOOKUP)
+                               for p, c in zip(BATCH_PROMPTS, cfgs)])
+    assert sum(d.result().stats.lookup_rows for d in decs) < sum(d.result().stats.lookup_rows for d in whole)
+
+
+def test_a_chain_capped_to_nothing_is_a_plain_step_when_sampling():
+    """Seeded sampling with every chain capped to 0 draws exactly what plain decoding draws with that seed."""
+    target = tiny_target("llama")
+    cfgs = [GenerationConfig(max_new_tokens=n, sampling=SamplingParams(1.0, 0.95), seed=7 + n) for n in BATCH_TOKENS]
+    plain = [generate_vanilla(target, p, c) for p, c in zip(BATCH_PROMPTS, cfgs)]
+    found = []
+    decs = in_rounds(target, [SpeculativeDecoding(target, None, p, c, None, lookup=SINGLE)
+                              for p, c in zip(BATCH_PROMPTS, cfgs)], lambda rows, chains: found.append(chains) or 0)
+    assert [d.result().token_ids for d in decs] == [r.token_ids for r in plain]
+    assert found and all(d.result().stats.lookup_rows == 0 for d in decs)
+
+
+def flat_cost(plain: float, per_token: float):
+    """A forward that costs `plain` plus `per_token` for each padded token past the first of each row."""
+    return lambda rows, width: plain + per_token * rows * (width - 1)
+
+
+def test_chain_planner_verifies_chains_where_they_cost_little_and_none_where_they_cost_much():
+    found = [(True, 6), (True, 2)]
+    assert ChainPlanner(flat_cost(1.0, 0.001)).cap(4, found) == 6  # prior p = 1/2 a position: 1.5 tokens won
+    assert ChainPlanner(flat_cost(1.0, 1.0)).cap(4, found) == 0  # a width of 2 doubles the forward
+
+
+def test_chain_planner_learns_acceptance_per_found_length_and_regime():
+    planner = ChainPlanner(flat_cost(1.0, 0.02))
+    for _ in range(200):
+        planner.learn(True, 8, 8, 8)  # greedy chains found 8 long (deep in a repetition): all accepted
+        planner.learn(True, 2, 2, 0)  # ... found 2 long (after a miss): never
+        planner.learn(False, 8, 8, 0)  # sampled ones: never
+    assert planner.acceptance(True, 8, 8) > 0.95 and planner.acceptance(True, 2, 1) < 0.05
+    assert planner.acceptance(False, 8, 1) < 0.05 and planner.acceptance(False, 8, 2) == 0.5  # never reached: the prior
+    assert planner.expected_by_offered(True, 8)[8] > 7.5 and planner.expected_by_offered(True, 8)[3] > 2.9
+    assert planner.cap(4, [(True, 8)]) == 8 and planner.cap(4, [(True, 2)]) == 0 and planner.cap(4, [(False, 8)]) == 0
+    assert planner.cap(4, [(True, 8), (True, 2)]) == 8  # the row after a miss does not cost the repetition its chain
+    assert planner.cap(4, [(False, 8), (True, 4), (True, 8)]) == 8
+
+
+def test_chain_planner_follows_a_change_of_traffic_and_retries_a_length_it_stopped_verifying():
+    planner = ChainPlanner(flat_cost(1.0, 0.005))
+    assert planner.cap(4, [(True, 4)]) == 4  # on the prior
+    for accepted in [4] * 1000 + [0] * 3000:  # a round each; then copied text stopped matching
+        planner.cap(4, [(True, 4)])
+        planner.learn(True, 4, 4, accepted)
+    assert planner.acceptance(True, 4, 1) < 0.02 and planner.cap(4, [(True, 4)]) == 0
+    planner.rounds += 10 * CHAIN_MEMORY  # rounds in which no chain found 4 long was verified
+    assert planner.acceptance(True, 4, 1) > 0.45 and planner.cap(4, [(True, 4)]) == 4  # offered again
+
+
+def test_chain_planner_verifies_whole_chains_where_it_cannot_price_them():
+    costs = ForwardCosts(0.1)
+    costs.add(4, 1, 1.0)
+    assert ChainPlanner(costs.between_widths).cap(4, [(True, 5), (True, 3)]) == 5  # width 6 unmeasured
+    costs.add(4, 17, 100.0)  # widths between are interpolated: width 6 costs about 32x a plain forward
+    assert costs.between_widths(4, 9) == pytest.approx(1.0 + 99.0 * 8 / 16)
+    assert ChainPlanner(costs.between_widths).cap(4, [(True, 5), (True, 3)]) == 0

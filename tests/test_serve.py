@@ -30,6 +30,7 @@ from anchorspec.models.drafter import init_drafter, load_drafter, save_drafter  
 from anchorspec.models.export import export_drafter  # noqa: E402
 from anchorspec.serve.app import create_app  # noqa: E402
 from anchorspec.decode.fallback import DriftMonitor  # noqa: E402
+from anchorspec.decode.lookup import LookupSettings  # noqa: E402
 from anchorspec.serve.scheduler import Scheduler  # noqa: E402
 from helpers import CHAT_WORDS, save_tiny_chat_target  # noqa: E402
 
@@ -94,8 +95,9 @@ def reference(dirs):
         for chat in (True, False):
             a = spec.generate(p, chat=chat, max_new_tokens=MAX_TOKENS, lookup=None)
             b = plain.generate(p, chat=chat, max_new_tokens=MAX_TOKENS)
-            assert a.token_ids == b.token_ids  # lossless, so one reference serves both servers
-            out[p, chat], out["spec", p, chat] = b, a
+            c = plain.generate(p, chat=chat, max_new_tokens=MAX_TOKENS, lookup=LookupSettings())  # prompt lookup
+            assert a.token_ids == b.token_ids == c.token_ids  # lossless, so one reference serves every server
+            out[p, chat], out["spec", p, chat], out["lookup", p, chat] = b, a, c
     return out
 
 
@@ -115,15 +117,24 @@ def plain_server(dirs):
     server.close()
 
 
+@pytest.fixture(scope="module")
+def lookup_server(dirs):
+    """Prompt lookup (no drafter, serve --lookup), every chain verified whole: the steps of a solo prompt lookup."""
+    server = LiveServer(create_app(load(dirs["target"], dtype="float64"), MODEL, lookup=LookupSettings()))
+    server.app.state.scheduler.chains.cost = lambda rows, width: 1.0  # a tiny model's timings are noise
+    yield server
+    server.close()
+
+
 def chat_args(prompt, **kw):
     return dict(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, temperature=0, **kw)
 
 
 # --- outputs equal the solo engine ----------------------------------------------------------------
 
-@pytest.mark.parametrize("which", ["spec", "plain"])
-def test_chat_and_completions_match_engine(which, spec_server, plain_server, reference):
-    server = spec_server if which == "spec" else plain_server
+@pytest.mark.parametrize("which", ["spec", "plain", "lookup"])
+def test_chat_and_completions_match_engine(which, spec_server, plain_server, lookup_server, reference):
+    server = {"spec": spec_server, "plain": plain_server, "lookup": lookup_server}[which]
     client = server.client()
     for prompt in PROMPTS[:3]:
         ref = reference[prompt, True]
@@ -134,9 +145,13 @@ def test_chat_and_completions_match_engine(which, spec_server, plain_server, ref
         assert r.usage.completion_tokens == len(ref.token_ids)
         assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
         spec = r.speculative
-        assert spec["enabled"] is (which == "spec")
+        assert spec["enabled"] is (which != "plain")
         assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
-        if which == "spec":  # the very figures of a solo speculative run (same steps, float64)
+        if which == "lookup":  # the very figures of a solo prompt lookup (same chains, float64)
+            solo = reference["lookup", prompt, True].stats
+            assert (spec["drafted_tokens"], spec["accepted_tokens"]) == (solo.drafted_tokens, solo.accepted_tokens)
+            assert spec["verify_steps"] == solo.verify_steps > 0 and spec["tau"] == round(solo.tau, 4)
+        elif which == "spec":  # the very figures of a solo speculative run (same steps, float64)
             solo = reference["spec", prompt, True].stats
             assert (spec["drafted_tokens"], spec["accepted_tokens"]) == (solo.drafted_tokens, solo.accepted_tokens)
             assert spec["verify_steps"] == solo.verify_steps > 0 and spec["tau"] == round(solo.tau, 4)
@@ -270,8 +285,6 @@ def test_scheduler_batches_forwards(dirs, reference):
 def test_scheduler_with_a_lookup_chain_keeps_every_output(dirs, reference):
     """Greedy requests batched with context-lookup chains merged into their drafts (decode/lookup.py, opt-in
     here): each output is still the solo plain one, and the chains were verified."""
-    from anchorspec.decode.lookup import LookupSettings
-
     engine = load(dirs["target"], dirs["drafter"], dtype="float64")
     scheduler = Scheduler(engine, monitor=DriftMonitor(enabled=False), calibrate=False, lookup=LookupSettings())
     prompts = PROMPTS[:4]
@@ -282,6 +295,25 @@ def test_scheduler_with_a_lookup_chain_keeps_every_output(dirs, reference):
     sample = scheduler.metrics.registry.get_sample_value
     assert sample("anchorspec_lookup_drafted_tokens_total") == sum(o.stats.lookup_rows for o in outs)
     assert sample("anchorspec_lookup_accepted_tokens_total") == sum(o.stats.lookup_tokens for o in outs)
+
+
+def test_prompt_lookup_server_keeps_every_output(dirs, reference):
+    """No drafter, --lookup: each request drafts the chain copied from its own text, each round caps the chains at
+    what its widths cost (ChainPlanner); greedy outputs are the plain ones, chains were verified, and the
+    calibration measured the widths a chain verifies."""
+    engine = load(dirs["target"], dtype="float64")
+    scheduler = Scheduler(engine, lookup=LookupSettings(max_tokens=8), calibrate=False)
+    scheduler.calibrate()
+    assert {1, 2, 4, 8, 9} <= set(scheduler.widths.curves)  # the widths a chain verifies, up to 8 + 1
+    assert sorted(scheduler.widths.curves[9].points) == [1, 4, 16]  # and a full batch (max_running), measured
+    scheduler.chains.cost = lambda rows, width: 1.0  # a tiny model's timings are noise: here every width pays
+    prompts = PROMPTS[:4]
+    outs = queued_then_run(scheduler, engine, prompts)
+    assert [o.token_ids for o in outs] == [reference[p, False].token_ids for p in prompts]
+    sample = scheduler.metrics.registry.get_sample_value
+    assert sample("anchorspec_lookup_drafted_tokens_total") == sum(o.stats.lookup_rows for o in outs) > 0
+    assert sample("anchorspec_lookup_accepted_tokens_total") == sum(o.stats.lookup_tokens for o in outs)
+    assert any(greedy for greedy, _ in scheduler.chains.counts)  # verified chains taught it their acceptance
 
 
 def test_scheduler_interleaves_requests(dirs):
@@ -976,7 +1008,8 @@ def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
         plain_left = off.plain_left
         kinds = []
         real_round = scheduler.decoder.round
-        scheduler.decoder.round = lambda items, split=False: kinds.append([s for _, s in items]) or real_round(items, split)
+        scheduler.decoder.round = lambda items, split=False, **kw: (kinds.append([s for _, s in items])
+                                                                    or real_round(items, split, **kw))
         scheduler._round()
         assert kinds[-1] == [True, True, True]  # the switched-off row rides along
         assert not off.speculating and off.window and off.plain_left < plain_left
@@ -1019,8 +1052,8 @@ def test_a_scheduler_probe_runs_its_few_rows_apart_and_every_output_stays_the_so
     forwards = []
     real_round = scheduler.decoder.round
 
-    def recording(items, split=False):
-        result = real_round(items, split)
+    def recording(items, split=False, **kw):
+        result = real_round(items, split, **kw)
         forwards.append((split, [(rows, width) for rows, width, _ in result.forwards], [s for _, s in items]))
         return result
 

@@ -141,6 +141,7 @@ class StepReport:
     drafter_depth: int = 0
     drafter_accepted: int = 0
     lookup_rows: int = 0  # verified rows the lookup chain added beside the drafter's
+    lookup_found: int = 0  # the chain's length as found, before a batch capped it (decode/round.py)
 
 
 SLOT_SLACK = 64  # rows a solo slot holds beyond prompt + budget (a verified tree's extra rows)
@@ -179,7 +180,8 @@ class SpeculativeDecoding:
         self.target, self.cfg, self.staged = target, cfg, staged
         # the chain is merged into the drafter's tree; with no proposer it is the whole draft (prompt lookup)
         self.lookup = ContextLookup(lookup) if lookup is not None else None
-        self._lookup_step: tuple[DraftTree, list[int]] | None = None  # the drafter's tree, the chain merged into it
+        # the drafter's tree, the chain merged into it, and how long the chain was found (before a batch's cap)
+        self._lookup_step: tuple[DraftTree, list[int], int] | None = None
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())
         self.gen = cfg.generator()
@@ -197,6 +199,8 @@ class SpeculativeDecoding:
         # an AdaptiveDepth changes the shape from step to step; self.shape is then its base shape
         self.policy = shape if isinstance(shape, AdaptiveDepth) else None
         self.proposer, self.shape = proposer, shape.base if self.policy else shape
+        # whether steps draft (a drafter, or a lookup copying from the text): the sequence is then kept, and timed
+        self.drafts = proposer is not None or self.lookup is not None
         if proposer is not None:
             proposer.reset()
 
@@ -351,13 +355,34 @@ class SpeculativeDecoding:
             return False
         return speculate if self.proposer is None else not speculate and not self.batched
 
+    def pending_chain(self) -> int:
+        """Copied tokens in the prepared draft when it is a lookup chain alone (no drafter pass), else 0."""
+        if self._pending is None or self._lookup_step is None or self._lookup_step[0].size != 1:
+            return 0
+        return self._pending[0].size - 1
+
+    def cap_chain(self, tokens: int) -> DraftTree:
+        """Verify at most `tokens` of the prepared copied chain (pending_chain): a batch prices each row's
+        width (decode/round.py). The chain's adaptive length learns from what is verified; a chain capped to
+        nothing is a plain step, which teaches it nothing. Returns the draft to verify."""
+        if tokens < 0:
+            raise AnchorspecError(f"a chain's cap is a count of tokens, got {tokens}")
+        tree, draft_s, held = self._pending
+        if tokens >= self.pending_chain():
+            return tree
+        kept, _ = tree.levels(tokens)  # a chain: its first levels are its first tokens
+        drafted_by, chain, found = self._lookup_step
+        self._lookup_step = (drafted_by, chain[:tokens], found) if tokens else None
+        self._pending = (kept, draft_s, held)
+        return kept
+
     def _merge_lookup(self, tree: DraftTree) -> DraftTree:
         """`tree` with the lookup chain merged in, when the sequence's suffix occurred before."""
         self.lookup.extend(self.sequence[len(self.lookup.tokens):].tolist())
         chain = self.lookup.propose(self.out.remaining - 1)  # the bonus token's slot stays free, as for the drafter
         if not chain:
             return tree
-        self._lookup_step = (tree, chain)
+        self._lookup_step = (tree, chain, len(chain))
         return merge_chain(tree, chain)
 
     def result(self) -> GenerationResult:
@@ -415,7 +440,7 @@ class SpeculativeDecoding:
         prepared tree's N nodes."""
         tree, draft_s, held = self._take_pending()
         stats = self.stats
-        if self.proposer is not None or self.lookup is not None:  # plain decoding has no draft to time
+        if self.drafts:  # plain decoding has no draft to time
             stats.draft_s += draft_s
             stats.verify_s += verify_s
         whole, self._whole = self._whole, None
@@ -428,9 +453,10 @@ class SpeculativeDecoding:
             if verdict.held is not None and whole.children[kept[verdict.held]]:
                 self._held = whole.subtree(kept[verdict.held])
         self._commit(verdict.path, tree.size)
-        drafted_by, lookup_rows, chain = judged, 0, None  # the drafter's own tree; the rows a lookup chain added
+        # the drafter's own tree; the rows a lookup chain added, the chain and its length as found
+        drafted_by, lookup_rows, chain, found = judged, 0, None, 0
         if self._lookup_step is not None:
-            (drafted_by, chain), self._lookup_step = self._lookup_step, None
+            (drafted_by, chain, found), self._lookup_step = self._lookup_step, None
             lookup_rows = tree.size - drafted_by.size
         elif self.lookup is not None and tree.size > 1:
             self.lookup.observe(None)  # no match this step
@@ -452,7 +478,7 @@ class SpeculativeDecoding:
         if chain is not None:
             self.lookup.observe(common_prefix(chain, new))
         emitted = self._emit(new)
-        if self.proposer is not None or self.lookup is not None:
+        if self.drafts:
             self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
         if self.proposer is not None:
             self._unread_aux.append(aux[verdict.path])
@@ -460,7 +486,7 @@ class SpeculativeDecoding:
             return StepReport(emitted, "lookup" if looked_up_alone else "speculative", tree.size - 1,
                               verdict.accepted, tree.depth, draft_s, verify_s, held,
                               drafted_by.top_ranked_run(drafter_path), drafted_by.top_ranked_depth, drafter_depth,
-                              len(drafter_path) - 1, lookup_rows)
+                              len(drafter_path) - 1, lookup_rows, found)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _solo_slot(self) -> KVSlot:
@@ -482,7 +508,7 @@ class SpeculativeDecoding:
         self.stats.prefill_s = time.perf_counter() - t
         self.stats.target_forwards = 1
         token = pick_token(logits[-1], self.cfg.sampling, self.gen)
-        if self.proposer is not None or self.lookup is not None:
+        if self.drafts:
             self.sequence = torch.cat([self.ids, torch.tensor([token])])
         if self.proposer is not None:
             self._unread_aux = [aux]

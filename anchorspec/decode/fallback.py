@@ -217,6 +217,19 @@ class ForwardCosts:
         curve = self.curves.get(width)
         return None if curve is None else curve(rows)
 
+    def between_widths(self, rows: int, width: int) -> float | None:
+        """forward(rows, width), interpolated linearly between the nearest measured widths on either side
+        when `width` itself was not measured (None beyond the widest or below the narrowest): copied chains
+        come in every length, and a server cannot measure each width before pricing it."""
+        if width in self.curves:
+            return self(rows, width)
+        below = max((w for w in self.curves if w < width), default=None)
+        above = min((w for w in self.curves if w > width), default=None)
+        if below is None or above is None:
+            return None
+        lo, hi = self(rows, below), self(rows, above)
+        return lo + (hi - lo) * (width - below) / (above - below)
+
 
 def at_least(verify: float, plain: float) -> float:
     """A verify's cost for the break-even: never below the plain step it contains. On a CPU with AMX

@@ -135,3 +135,76 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+CHAIN_MEMORY = 512  # rounds over which a learned outcome fades (by 1/e): old traffic is forgotten, lengths retried
+
+
+class ChainPlanner:
+    """How many copied tokens every row of a batched round verifies, when the rows draft copied chains alone
+    (prompt lookup in a server: `anchorspec serve --lookup` with no drafter). One row's chain pads every row
+    of the forward to its width, so a round caps all chains at the length c that gives the most expected
+    tokens per second:
+
+        rate(c) = (B + sum_i E[accepted | chain of L_i found, min(L_i, c) offered]) / forward(B, c + 1)
+
+    over c = 0 (a plain round) and the rows' chain lengths L_i, where forward(rows, width) is the target
+    forward's measured cost (`cost`, e.g. ForwardCosts.between_widths; None where unmeasured) and E[accepted | L, n] =
+    sum_{k<=n} prod_{j<=k} p_j(L): p_j(L) the acceptance of a chain's j-th token given the ones before it,
+    learned from this server's verified chains per sampling regime and found length L. The found length says
+    how the row's last chain went (ContextLookup's adaptive length: 2 after a miss, 16 deep in a repetition),
+    and pooled over it the many short chains after misses would price a long repetition's chain as a miss.
+    Each outcome fades over CHAIN_MEMORY rounds toward the Beta(1, 1) prior, so traffic that changed is
+    followed, and a length that stopped being verified is offered again in time. A round that cannot be priced
+    (no cost measured at its rows' widths) verifies every chain whole, as prompt lookup alone does."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.rounds = 0
+        # (greedy, found length) -> [round of the last update, [per position: weight of chains that reached it,
+        # of those that accepted it]]
+        self.counts: dict[tuple[bool, int], list] = {}
+
+    def _faded(self, greedy: bool, found: int) -> list[list[float]]:
+        entry = self.counts.setdefault((greedy, found), [self.rounds, [[0.0, 0.0] for _ in range(found)]])
+        fade = (1 - 1 / CHAIN_MEMORY) ** (self.rounds - entry[0])
+        if fade != 1:
+            entry[1] = [[reached * fade, accepted * fade] for reached, accepted in entry[1]]
+            entry[0] = self.rounds
+        return entry[1]
+
+    def acceptance(self, greedy: bool, found: int, position: int) -> float:
+        """p of the `position`-th token (1-based) of a chain found `found` long, given the ones before it."""
+        reached, accepted = self._faded(greedy, found)[position - 1]
+        return (accepted + 1) / (reached + 2)
+
+    def expected_by_offered(self, greedy: bool, found: int) -> list[float]:
+        """E[tokens accepted] of the first n tokens of a chain found `found` long, for n = 0..found."""
+        totals, run = [0.0], 1.0
+        for k in range(1, found + 1):
+            run *= self.acceptance(greedy, found, k)
+            totals.append(totals[-1] + run)
+        return totals
+
+    def cap(self, rows: int, chains: list[tuple[bool, int]]) -> int:
+        """The round's cap on copied tokens: `rows` in the forward, `chains` (greedy, found length) of those that
+        found one."""
+        self.rounds += 1
+        plain = self.cost(rows, 1)
+        best, best_rate = 0, (rows / plain if plain else 0.0)
+        expected = [(found, self.expected_by_offered(greedy, found)) for greedy, found in chains]
+        for c in sorted({found for _, found in chains}):
+            seconds = self.cost(rows, c + 1)
+            if seconds is None or not plain:
+                return max(found for _, found in chains)  # unpriced: every chain whole
+            gain = rows + sum(totals[min(found, c)] for found, totals in expected)
+            if gain / seconds > best_rate:
+                best, best_rate = c, gain / seconds
+        return best
+
+    def learn(self, greedy: bool, found: int, offered: int, accepted: int) -> None:
+        """Of a chain found `found` long, the first `offered` tokens were verified and `accepted` accepted."""
+        counts = self._faded(greedy, found)
+        for k in range(1, min(offered, accepted + 1) + 1):  # positions the verifier reached
+            counts[k - 1][0] += 1
+            counts[k - 1][1] += accepted >= k

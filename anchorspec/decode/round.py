@@ -66,10 +66,14 @@ class BatchDecoder:
         self.kv = kv or BatchKV()
         self.draft_kv: dict[int, BatchKV] = {}  # id(drafter) -> the drafter caches of its sequences
 
-    def round(self, items: list[tuple[SpeculativeDecoding, bool | None]], split: bool = False) -> RoundResult:
+    def round(self, items: list[tuple[SpeculativeDecoding, bool | None]], split: bool = False,
+              chains=None) -> RoundResult:
         """`items`: (decoding, speculate) with speculate None for a PlainDecoding. Finished
         decodings must not be passed; a decoding that fails is released here. `split`: the rows
-        offering a 1-node tree (plain steps) get a target forward of their own, apart from the trees."""
+        offering a 1-node tree (plain steps) get a target forward of their own, apart from the trees.
+        `chains`: for rows whose draft is a copied chain alone (prompt lookup), the cap on their copied
+        tokens, a function of (rows in the forward, [(greedy, chain length)] of those rows that found a
+        chain), e.g. ChainPlanner.cap (decode/lookup.py); None: every chain is verified whole."""
         reports: list = [None] * len(items)
         result, graphs = RoundResult(reports), graphs_compiled()
         programs = []  # (item index, drafting program)
@@ -93,6 +97,8 @@ class BatchDecoder:
                 reports[i] = exc
                 self.release(dec)
         prepared = self._draft(items, programs, result)
+        if chains is not None:
+            prepared = self._cap_chains(items, prepared, chains)
         groups = [prepared]
         if split:
             groups = [[row for row in prepared if row[1].size == 1], [row for row in prepared if row[1].size > 1]]
@@ -124,6 +130,15 @@ class BatchDecoder:
             else:
                 prepared.append((i, out))
         return prepared
+
+    @staticmethod
+    def _cap_chains(items, prepared, chains) -> list[tuple[int, DraftTree]]:
+        lengths = [items[i][0].pending_chain() for i, _ in prepared]
+        found = [(items[i][0].cfg.sampling.greedy, n) for (i, _), n in zip(prepared, lengths) if n]
+        if not found:
+            return prepared
+        cap = chains(len(prepared), found)
+        return [(i, items[i][0].cap_chain(cap) if n > cap else tree) for (i, tree), n in zip(prepared, lengths)]
 
     def _forward(self, items, prepared, result: RoundResult) -> None:
         slots = [items[i][0].cache for i, _ in prepared]

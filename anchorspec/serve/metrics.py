@@ -26,8 +26,8 @@ class ServerMetrics:
         self.drafted_tokens = Counter("anchorspec_drafted_tokens", "Draft tokens proposed (tree nodes)", registry=r)
         self.accepted_tokens = Counter("anchorspec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.lookup_drafted_tokens = Counter("anchorspec_lookup_drafted_tokens",
-                                             "Draft tokens a context-lookup chain added beside the drafter's",
-                                             registry=r)
+                                             "Draft tokens a context-lookup chain added beside the drafter's "
+                                             "(with no drafter: every draft token, prompt lookup)", registry=r)
         self.lookup_accepted_tokens = Counter("anchorspec_lookup_accepted_tokens",
                                               "Accepted tokens past the drafter's own path (what the lookup chains won)",
                                               registry=r)
@@ -88,12 +88,13 @@ class ServerMetrics:
 
     def observe_step(self, report: StepReport) -> None:
         self.generated_tokens.inc(len(report.tokens))
+        if report.kind in ("speculative", "lookup"):  # a lookup step: a copied chain alone (prompt lookup)
+            self.lookup_drafted_tokens.inc(report.lookup_rows)
+            self.lookup_accepted_tokens.inc(report.accepted - report.drafter_accepted)
         if report.kind == "speculative":
             self.drafts.inc()
             self.drafted_tokens.inc(report.drafted)
             self.accepted_tokens.inc(report.accepted)
-            self.lookup_drafted_tokens.inc(report.lookup_rows)
-            self.lookup_accepted_tokens.inc(report.accepted - report.drafter_accepted)
             for position in range(1, report.accepted + 1):
                 self.accepted_per_position.labels(str(position)).inc()
 

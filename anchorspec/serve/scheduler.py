@@ -30,19 +30,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from ..api import DEFAULT_TREE, Engine
+from ..decode.batch import batch_forward
 from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
-from ..decode.fallback import DriftMonitor, RequestState, regime_of
-from ..decode.lookup import LookupSettings
+from ..decode.fallback import DriftMonitor, ForwardCosts, RequestState, regime_of
+from ..decode.lookup import ChainPlanner, LookupSettings
 from ..decode.propose import EagleProposer
 from ..decode.round import BatchDecoder, RoundResult
 from ..decode.sampling import SamplingParams
-from ..decode.tree import TreeShape
+from ..decode.tree import DraftTree, TreeShape
 from .metrics import ServerMetrics
 
 log = logging.getLogger("anchorspec.serve")
@@ -88,7 +92,10 @@ class Scheduler:
                  shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True,
                  lookup: LookupSettings | None = None):
         """`lookup`: merge a context-lookup chain into every request's drafts (decode/lookup.py). None here;
-        `anchorspec serve` turns it on (cli.serve_lookup: measured under load in session 70)."""
+        `anchorspec serve` turns it on with a drafter (cli.serve_lookup: measured under load in session 70).
+        With no drafter it is prompt lookup: each request drafts the chain copied from its own text alone, and
+        each round caps the chains at the length that the forward costs calibrated at start-up and the chains'
+        learned acceptance say pays (ChainPlanner)."""
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.engine = engine
@@ -98,7 +105,13 @@ class Scheduler:
         self.max_running = max_running
         self.lookup = lookup
         self.speculative = engine.drafter is not None
-        self._calibrate_first = calibrate and self.speculative
+        # prompt lookup: no drafter, chains copied from each request's text, priced per round on forward costs
+        # measured together at start-up (calibrate_widths), not learned from traffic: rounds are mostly plain,
+        # so traffic would refresh the 1-wide cost alone, and a host that slowed since would price every chain
+        # as cheaper than it is (session 76: the plain server's 16-user rate drifted from 201 to 145 tok/s)
+        self.widths = ForwardCosts(smoothing=1.0)
+        self.chains = ChainPlanner(self.widths.between_widths) if lookup and not self.speculative else None
+        self._calibrate_first = calibrate and (self.speculative or self.chains is not None)
         self.decoder = BatchDecoder(engine.target)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -125,6 +138,11 @@ class Scheduler:
             self._cond.notify_all()
 
     @property
+    def drafts(self) -> bool:
+        """Whether requests verify drafts: a drafter's, or with none the chains copied from their text."""
+        return self.speculative or self.chains is not None
+
+    @property
     def running_count(self) -> int:
         return len(self._running)
 
@@ -142,6 +160,8 @@ class Scheduler:
         if self.speculative:  # each sequence owns a proposer: the drafter's KV cache is per sequence
             decoding = SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt_ids, cfg, self.shape,
                                            lookup=self.lookup)
+        elif self.chains is not None:
+            decoding = SpeculativeDecoding(target, None, prompt_ids, cfg, None, lookup=self.lookup)
         else:
             decoding = PlainDecoding(target, prompt_ids, cfg)
         handle = Handle(loop or asyncio.get_running_loop(), self._wake)
@@ -238,7 +258,7 @@ class Scheduler:
                  for seq in running]
         split = any(plan) and not all(plan)
         try:
-            result = self.decoder.round(items, split=split)
+            result = self.decoder.round(items, split=split, chains=self.chains and self.chains.cap)
         except Exception as exc:  # a bug outside any one sequence: fail this round's requests, keep serving
             log.exception("decoding round failed")
             result = RoundResult([exc] * len(running))
@@ -263,6 +283,8 @@ class Scheduler:
             return
         state = seq.monitor_state
         self.metrics.observe_step(report)
+        if self.chains is not None and report.kind == "lookup":
+            self.chains.learn(seq.decoding.cfg.sampling.greedy, report.lookup_found, report.drafted, report.accepted)
         if state is not None:
             switch = self.monitor.record(state, report.kind, report.accepted, len(report.tokens))
             if switch:
@@ -298,7 +320,11 @@ class Scheduler:
 
     def calibrate(self, steps: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
         """Seed the monitor's cost lines with a few plain and speculative rounds on a dummy prompt at
-        each batch size, through the batched path, on a BatchDecoder of its own."""
+        each batch size, through the batched path, on a BatchDecoder of its own (with no drafter: the
+        target's forwards at the widths a copied chain verifies, calibrate_widths, up to a full batch)."""
+        if self.chains is not None:
+            self.calibrate_widths(steps, tuple(sorted({*batches, self.max_running})))
+            return
         target = self.engine.target
         prompt = [i % target.vocab_size for i in range(16)]
         cfg = GenerationConfig(max_new_tokens=1 + steps + (steps + 1) * (self.shape.depth + 1) + 1)
@@ -316,6 +342,37 @@ class Scheduler:
                     if not result.compiled:
                         self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows,
                                                    result.draft_s, catch_up=k > 0 and speculate and not kinds[k - 1])
+            finally:
+                for dec in decs:
+                    decoder.release(dec)
+
+    def calibrate_widths(self, repeats: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
+        """Seed forward(rows, width) for prompt lookup: at each batch size, the median of `repeats` timed target
+        forwards (after a warm-up round) of chains as wide as a copied chain verifies (1 token up to the longest
+        chain + 1, a few widths between, interpolated: ForwardCosts.between_widths), over sequences
+        prefilled on a dummy prompt in a BatchDecoder of its own. Nothing is committed. A full batch is
+        measured, not extrapolated from small ones: at 16 rows a 5-wide forward took 170 ms where the line
+        through 1 and 4 rows said 124 (bf16, 1 thread, session 76), and a round priced on that verified chains
+        at a loss."""
+        target = self.engine.target
+        prompt = [i % target.vocab_size for i in range(16)]
+        longest = self.lookup.max_tokens + 1
+        widths = sorted({1, 2, 4, 8, longest} & set(range(1, longest + 1)))
+        for rows in batches:
+            decs = [PlainDecoding(target, prompt, GenerationConfig(max_new_tokens=2)) for _ in range(rows)]
+            decoder = BatchDecoder(target)
+            try:
+                decoder.round([(dec, None) for dec in decs])  # the prefills
+                slots = [dec.cache for dec in decs]
+                samples: dict[int, list[float]] = {width: [] for width in widths}
+                for _ in range(repeats + 1):  # widths interleaved: a slow second on the host spreads over all
+                    for width in widths:
+                        trees = [DraftTree.chain(torch.arange(width) % target.vocab_size) for _ in decs]
+                        t = time.perf_counter()
+                        batch_forward(target, slots, trees)
+                        samples[width].append(time.perf_counter() - t)
+                for width in widths:
+                    self.widths.add(rows, width, statistics.median(samples[width][1:]))  # the first: a warm-up
             finally:
                 for dec in decs:
                     decoder.release(dec)
