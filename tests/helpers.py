@@ -152,3 +152,22 @@ def write_conversations_jsonl(path, n: int = 24, seed: int = 0):
 
     Path(path).write_text("".join(json.dumps({"messages": c}) + "\n" for c in tiny_conversations(n, seed)))
     return path
+
+
+def prompts(n=2, length=10, seed=0):
+    """`n - 1` random prompts and a repetitive one."""
+    gen = torch.Generator().manual_seed(seed)
+    out = [torch.randint(0, VOCAB, (length,), generator=gen) for _ in range(n - 1)]
+    out.append(torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 7, 5]))  # repetitive
+    return out
+
+
+def random_drafter(target, variant="eagle3.1", seed=1):
+    """A drafter of random weights attached to `target` (float64; a 64-token draft vocabulary)."""
+    from anchorspec.api import attach_drafter
+    from anchorspec.models.drafter import init_drafter
+
+    drafter = init_drafter(target.config, variant, draft_vocab_size=64, seed=seed).to(torch.float64)
+    attach_drafter(target, drafter)
+    return drafter
+

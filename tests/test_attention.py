@@ -8,8 +8,7 @@ import torch.nn.functional as F
 
 from anchorspec.models import attention
 from anchorspec.models.attention import GQA, ROWS, grouped_attention, use_grouped_attention, uses_grouped_attention
-from helpers import FAMILIES, tiny_target
-from test_lossless import prompts
+from helpers import FAMILIES, prompts, tiny_target
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import functools
 import pytest
 import torch
 
-from anchorspec.api import attach_drafter
 from anchorspec.decode import round as round_mod
 from anchorspec.decode.batch import BatchKV, batch_allowed, batch_forward, batch_position_ids
 from anchorspec.decode.engine import (GenerationConfig, PlainDecoding, SpeculativeDecoding, full_attention,
@@ -20,16 +19,9 @@ from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape, tree_attention_mask, tree_position_ids
 from anchorspec.errors import AnchorspecError
-from anchorspec.models.drafter import init_drafter
-from helpers import FAMILIES, VOCAB, OracleProposer, tiny_target
+from helpers import FAMILIES, OracleProposer, VOCAB, random_drafter, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def random_drafter(target, seed=1):
-    drafter = init_drafter(target.config, "eagle3.1", draft_vocab_size=64, seed=seed).to(torch.float64)
-    attach_drafter(target, drafter)
-    return drafter
 
 
 def make_prompts(lengths, seed):

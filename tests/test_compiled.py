@@ -10,8 +10,7 @@ import torch
 from anchorspec.decode.engine import GenerationConfig, generate_speculative, generate_vanilla
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.tree import TreeShape
-from helpers import tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import prompts, random_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape, dynamic_tree
 from device_emulation import DeviceMismatch
-from helpers import tiny_target
-from test_batch import MIX, build, make_prompts, random_drafter, run_batched
+from helpers import random_drafter, tiny_target
+from test_batch import MIX, build, make_prompts, run_batched
 
 
 @pytest.fixture

@@ -23,8 +23,7 @@ from anchorspec.decode.fallback import (COST_WINDOW, EXPLORE_EVERY, EXPLORE_FLOO
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
-from helpers import OracleProposer, tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import OracleProposer, prompts, random_drafter, tiny_target
 from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
 from test_sampling_e2e import setup  # noqa: F401 (a fixture)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anchorspec.api import attach_drafter
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
 from anchorspec.decode.lookup import ContextLookup, LookupSettings, common_prefix, merge_chain
 from anchorspec.decode.propose import EagleProposer
@@ -16,8 +15,7 @@ from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
 from anchorspec.errors import AnchorspecError
-from anchorspec.models.drafter import init_drafter
-from helpers import FAMILIES, OracleProposer, tiny_target
+from helpers import FAMILIES, OracleProposer, random_drafter, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,12 +28,6 @@ SINGLE = LookupSettings(min_match=1)  # sampled text repeats single tokens, rare
 BATCH_PROMPTS = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
 BATCH_SHAPES = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
 BATCH_TOKENS = (30, 17, 25)
-
-
-def random_drafter(target, seed=1):
-    drafter = init_drafter(target.config, "eagle3.1", draft_vocab_size=64, seed=seed).to(torch.float64)
-    attach_drafter(target, drafter)
-    return drafter
 
 
 def lookup_of(tokens, accepted=None, **settings) -> ContextLookup:

@@ -12,24 +12,9 @@ from anchorspec.decode.engine import GenerationConfig, generate_speculative, gen
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape
-from anchorspec.api import attach_drafter
-from anchorspec.models.drafter import init_drafter
-from helpers import FAMILIES, VOCAB, OracleProposer, tiny_target
+from helpers import FAMILIES, OracleProposer, prompts, random_drafter, tiny_target
 
 SHAPES = [TreeShape.chain(1), TreeShape.chain(5), TreeShape(2, 3, 6), TreeShape(8, 6, 32)]
-
-
-def prompts(n=2, length=10, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    out = [torch.randint(0, VOCAB, (length,), generator=gen) for _ in range(n - 1)]
-    out.append(torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 7, 5]))  # repetitive
-    return out
-
-
-def random_drafter(target, variant="eagle3.1", seed=1):
-    drafter = init_drafter(target.config, variant, draft_vocab_size=64, seed=seed).to(torch.float64)
-    attach_drafter(target, drafter)
-    return drafter
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -11,8 +11,7 @@ from anchorspec.decode.tree import TreeShape
 from anchorspec.models.dtype import dtype_name
 from anchorspec.models.packed import FusedSibling, PackedLinear, pack_linears, packing_supported
 from anchorspec.models.target import Target, load_target
-from helpers import FAMILIES, OracleProposer, save_tiny_chat_target, tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import FAMILIES, OracleProposer, prompts, random_drafter, save_tiny_chat_target, tiny_target
 
 # the dtypes oneDNN packs on this CPU (bf16 needs avx512bw/vl/dq or avx_ne_convert: none on an AVX2-only Zen3)
 DTYPES = [d for d in (torch.bfloat16, torch.float32) if packing_supported(d, "cpu")]

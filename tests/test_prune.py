@@ -15,8 +15,7 @@ from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape, build_dynamic_tree
 from anchorspec.errors import AnchorspecError
 from anchorspec.models.drafter import KVCache
-from helpers import tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import prompts, random_drafter, tiny_target
 
 
 def test_pruned_nodes_are_neither_kept_nor_expanded():

@@ -10,8 +10,7 @@ from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams, sample_without_replacement
 from anchorspec.decode.tree import TreeShape, sampled_tree
 from anchorspec.decode.program import run
-from helpers import tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import prompts, random_drafter, tiny_target
 
 NEG = float("-inf")
 

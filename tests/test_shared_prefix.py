@@ -13,8 +13,7 @@ from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape
 from anchorspec.errors import AnchorspecError
-from helpers import tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import random_drafter, tiny_target
 
 PREFIX = torch.arange(5, 17)  # 12 tokens every prompt below starts with
 

@@ -11,8 +11,7 @@ from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, gene
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.tree import DraftTree, TreeShape
 from anchorspec.errors import AnchorspecError
-from helpers import OracleProposer, tiny_target
-from test_lossless import prompts, random_drafter
+from helpers import OracleProposer, prompts, random_drafter, tiny_target
 
 
 def test_levels_and_subtree_keep_structure_and_draft_probs():
