@@ -34,6 +34,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -109,8 +110,9 @@ class Scheduler:
         # measured together at start-up (calibrate_widths), not learned from traffic: rounds are mostly plain,
         # so traffic would refresh the 1-wide cost alone, and a host that slowed since would price every chain
         # as cheaper than it is (session 76: the plain server's 16-user rate drifted from 201 to 145 tok/s)
-        self.widths = ForwardCosts(smoothing=1.0)
-        self.chains = ChainPlanner(self.widths.between_widths) if lookup and not self.speculative else None
+        prompt_lookup = lookup is not None and not self.speculative
+        self.widths = ForwardCosts(smoothing=1.0) if prompt_lookup else None
+        self.chains = ChainPlanner(self.widths.between_widths) if prompt_lookup else None
         self._calibrate_first = calibrate and (self.speculative or self.chains is not None)
         self.decoder = BatchDecoder(engine.target)
         self._waiting: deque[_Sequence] = deque()
@@ -325,14 +327,9 @@ class Scheduler:
         if self.chains is not None:
             self.calibrate_widths(steps, tuple(sorted({*batches, self.max_running})))
             return
-        target = self.engine.target
-        prompt = [i % target.vocab_size for i in range(16)]
         cfg = GenerationConfig(max_new_tokens=1 + steps + (steps + 1) * (self.shape.depth + 1) + 1)
         for rows in batches:
-            decs = [SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
-                    for _ in range(rows)]
-            decoder = BatchDecoder(target)
-            try:
+            with self._dummy_batch(rows, cfg) as (decoder, decs):
                 kinds = [True] + [False] * steps + [True] * (steps + 1)  # prefills, plain, speculative
                 for k, speculate in enumerate(kinds):
                     result = decoder.round([(dec, speculate) for dec in decs if not dec.finished])
@@ -342,9 +339,22 @@ class Scheduler:
                     if not result.compiled:
                         self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows,
                                                    result.draft_s, catch_up=k > 0 and speculate and not kinds[k - 1])
-            finally:
-                for dec in decs:
-                    decoder.release(dec)
+
+    @contextmanager
+    def _dummy_batch(self, rows: int, cfg: GenerationConfig, plain: bool = False):
+        """`rows` decodings of a 16-token dummy prompt (drafting with the engine's drafter, or `plain`) on a
+        BatchDecoder of their own, their slots released on the way out."""
+        target = self.engine.target
+        prompt = [i % target.vocab_size for i in range(16)]
+        decs = [PlainDecoding(target, prompt, cfg) if plain
+                else SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
+                for _ in range(rows)]
+        decoder = BatchDecoder(target)
+        try:
+            yield decoder, decs
+        finally:
+            for dec in decs:
+                decoder.release(dec)
 
     def calibrate_widths(self, repeats: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
         """Seed forward(rows, width) for prompt lookup: at each batch size, the median of `repeats` timed target
@@ -355,13 +365,10 @@ class Scheduler:
         through 1 and 4 rows said 124 (bf16, 1 thread, session 76), and a round priced on that verified chains
         at a loss."""
         target = self.engine.target
-        prompt = [i % target.vocab_size for i in range(16)]
         longest = self.lookup.max_tokens + 1
         widths = sorted({1, 2, 4, 8, longest} & set(range(1, longest + 1)))
         for rows in batches:
-            decs = [PlainDecoding(target, prompt, GenerationConfig(max_new_tokens=2)) for _ in range(rows)]
-            decoder = BatchDecoder(target)
-            try:
+            with self._dummy_batch(rows, GenerationConfig(max_new_tokens=2), plain=True) as (decoder, decs):
                 decoder.round([(dec, None) for dec in decs])  # the prefills
                 slots = [dec.cache for dec in decs]
                 samples: dict[int, list[float]] = {width: [] for width in widths}
@@ -373,6 +380,3 @@ class Scheduler:
                         samples[width].append(time.perf_counter() - t)
                 for width in widths:
                     self.widths.add(rows, width, statistics.median(samples[width][1:]))  # the first: a warm-up
-            finally:
-                for dec in decs:
-                    decoder.release(dec)
