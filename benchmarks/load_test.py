@@ -123,7 +123,8 @@ def free_port() -> int:
 class Server:
     """`python -m anchorspec serve` of this checkout, on loopback; its log goes to a file."""
 
-    def __init__(self, args, mode: str, drafter: str | None, log_dir: Path):
+    def __init__(self, args, mode: str, log_dir: Path):
+        drafter = args.drafter if mode == "drafter" else None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "anchorspec", "serve", "--target", args.target, "--port", str(self.port),
@@ -274,8 +275,8 @@ async def warm_up(server: Server, mode: str, args, prompts) -> None:
         raise RuntimeError(f"warm-up request failed: {warm['error']}\n{server.tail()}")
 
 
-async def run_server(args, mode: str, drafter: str | None, prompts, results: dict, log_dir: Path) -> None:
-    server = Server(args, mode, drafter, log_dir)
+async def run_server(args, mode: str, prompts, results: dict, log_dir: Path) -> None:
+    server = Server(args, mode, log_dir)
     try:
         await warm_up(server, mode, args, prompts)
         results[mode] = {}
@@ -296,7 +297,7 @@ async def run_interleaved(args, prompts, results: dict, log_dir: Path) -> None:
     """Every server up at once, each level's requests sent to one server at a time in `args.interleave` blocks
     per server, the servers' order reversed every block: a host whose speed drifts (session 76: the plain
     server's 16-user figure fell from 201 to 145 tok/s over four sequential runs) weighs on every server alike."""
-    servers = {mode: Server(args, mode, args.drafter if mode == "drafter" else None, log_dir) for mode in args.modes}
+    servers = {mode: Server(args, mode, log_dir) for mode in args.modes}
     try:
         for mode, server in servers.items():
             await warm_up(server, mode, args, prompts)
@@ -422,7 +423,7 @@ async def main_async(args, prompts, results: dict) -> None:
             await run_interleaved(args, prompts, results, Path(tmp))
             return
         for mode in args.modes:
-            await run_server(args, mode, args.drafter if mode == "drafter" else None, prompts, results, Path(tmp))
+            await run_server(args, mode, prompts, results, Path(tmp))
 
 
 def main(argv=None) -> int:
