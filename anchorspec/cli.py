@@ -701,7 +701,7 @@ def cmd_serve(args) -> int:
     app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
                      shape=engine.shape if args.drafter else None, max_running=args.max_running,
                      lookup=lookup)
-    chain = f", lookup chain of up to {lookup.max_tokens} at T=0" if lookup else ", no lookup chain"
+    chain = f", lookup chain of up to {lookup.max_tokens}" if lookup else ", no lookup chain"
     mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source}){chain}" if args.drafter
             else f"prompt lookup, chains of up to {lookup.max_tokens} copied from each request's text" if lookup
             else "plain decoding (no --drafter)")

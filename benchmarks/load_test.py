@@ -297,10 +297,11 @@ async def run_interleaved(args, prompts, results: dict, log_dir: Path) -> None:
     """Every server up at once, each level's requests sent to one server at a time in `args.interleave` blocks
     per server, the servers' order reversed every block: a host whose speed drifts (session 76: the plain
     server's 16-user figure fell from 201 to 145 tok/s over four sequential runs) weighs on every server alike."""
-    servers = {mode: Server(args, mode, log_dir) for mode in args.modes}
+    servers: dict[str, Server] = {}
     try:
-        for mode, server in servers.items():
-            await warm_up(server, mode, args, prompts)
+        for mode in args.modes:  # one at a time: each server's start-up calibration runs alone on the cores
+            servers[mode] = Server(args, mode, log_dir)
+            await warm_up(servers[mode], mode, args, prompts)
             results[mode] = {}
         for c in args.concurrency:
             n = requests_for(c, args.requests)

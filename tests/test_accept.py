@@ -17,7 +17,7 @@ from anchorspec.train.accept import (acceptance_rates, choose_slots, draft_chain
                                      greedy_accepted_length, score_chains)
 from anchorspec.train.trainer import Trainer
 from helpers import VOCAB, tiny_target
-from test_train import config, read_jsonl, setup  # noqa: F401 - fixture
+from train_world import config, read_jsonl, setup  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,7 @@ from anchorspec.train.attn_align import attention_alignment_loss, target_attenti
 from anchorspec.train.trainer import Trainer
 from anchorspec.train.ttt import ttt_forward
 from helpers import VOCAB, tiny_config, tiny_target
-from test_train import config, read_jsonl, setup  # noqa: F401 - fixture
+from train_world import config, read_jsonl, setup  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

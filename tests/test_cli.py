@@ -239,13 +239,12 @@ def test_server_does_not_call_a_plain_request_speculative():
     from anchorspec.serve.app import speculative_summary
 
     kept_plain = GenerationStats(new_tokens=8, target_forwards=8)
-    summary = speculative_summary(kept_plain, True, 1)  # drafter loaded, but the fallback kept it plain
+    summary = speculative_summary(kept_plain, 1)  # drafter loaded, but the fallback kept it plain
     assert summary["enabled"] is False and summary["tau"] is None and summary["fallback_switches"] == 1
     speculated = GenerationStats()
     speculated.record_step(2, 2, 1)
-    summary = speculative_summary(speculated, True, 0)
+    summary = speculative_summary(speculated, 0)
     assert summary["enabled"] is True and summary["tau"] == 2.0
-    assert speculative_summary(speculated, False, 0)["enabled"] is False  # no drafter: never speculative
 
 
 # --- files readable as the umask says -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from anchorspec.data.chat import render_with_loss_mask
 from anchorspec.errors import AnchorspecError
 from anchorspec.models.drafter import load_drafter
 from anchorspec.train.trainer import Trainer
-from test_train import DRAFT_VOCAB, config, make_conversations, make_tokenizer, setup  # noqa: F401 (fixture)
+from train_world import DRAFT_VOCAB, config, make_conversations, make_tokenizer, setup  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

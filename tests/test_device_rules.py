@@ -20,7 +20,7 @@ from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import TreeShape, dynamic_tree
 from device_emulation import DeviceMismatch
 from helpers import random_drafter, tiny_target
-from test_batch import MIX, build, make_prompts, run_batched
+from batch_world import MIX, build, make_prompts, run_batched
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
 from helpers import OracleProposer, prompts, random_drafter, tiny_target
-from test_sampling_e2e import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
-from test_sampling_e2e import setup  # noqa: F401 (a fixture)
+from sampling_world import NEW, PARAMS, PROMPT, exact_distribution, worst_p_value
+from sampling_world import setup  # noqa: F401 (a fixture)
 
 SHAPES = [TreeShape.chain(3), TreeShape(3, 3, 8)]
 

@@ -16,18 +16,13 @@ from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
 from anchorspec.errors import AnchorspecError
 from helpers import FAMILIES, OracleProposer, random_drafter, tiny_target
+from lookup_world import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE, in_rounds, stop_inside_a_cycle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = [TreeShape.chain(1), TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape(8, 6, 32)]
 LOOKUP = LookupSettings()
-# a loop in the prompt, and one the tiny targets fall into on their own (their greedy outputs cycle)
-PROMPTS = [torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 7, 5]), torch.arange(1, 11)]
-SINGLE = LookupSettings(min_match=1)  # sampled text repeats single tokens, rarely pairs
-# the batched rounds: three sequences of different shapes and lengths
-BATCH_PROMPTS = [PROMPTS[0], PROMPTS[1], torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])]
 BATCH_SHAPES = [TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(1)]
-BATCH_TOKENS = (30, 17, 25)
 
 
 def lookup_of(tokens, accepted=None, **settings) -> ContextLookup:
@@ -144,22 +139,6 @@ def test_lookup_raises_tau_where_the_output_cycles():
     assert with_lookup.stats.target_forwards < without.stats.target_forwards / 2
 
 
-def stop_inside_a_cycle():
-    """granite, a prompt and a config whose plain greedy output stops inside a repetition the lookup copies:
-    the prompt holds granite's 5-token greedy cycle once and a half, so the lookup proposes it and the
-    second step's chain runs six tokens deep, and the cycle's fifth token, never emitted before, is the stop.
-    Returns (target, prompt, cfg, the plain result)."""
-    target = tiny_target("granite")
-    free = generate_vanilla(target, PROMPTS[0], GenerationConfig(max_new_tokens=20)).token_ids
-    cycle = free[4:9]  # granite's greedy output settles into a 5-token cycle
-    assert free[9:19] == cycle * 2
-    prompt = torch.cat([PROMPTS[0], torch.tensor(free[:13])])
-    cfg = GenerationConfig(max_new_tokens=30, stop_token_ids=(free[13 + 4],))
-    ref = generate_vanilla(target, prompt, cfg)
-    assert ref.finish_reason == "stop" and len(ref.token_ids) == 5
-    return target, prompt, cfg, ref
-
-
 def test_stop_token_inside_an_accepted_lookup_chain():
     target, prompt, cfg, ref = stop_inside_a_cycle()
     res = generate_speculative(target, EagleProposer(random_drafter(target)), prompt, cfg, TreeShape.chain(1),
@@ -211,16 +190,6 @@ def batched(target, drafter, cfgs, lookup) -> list[SpeculativeDecoding]:
     decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, c, s, lookup=lookup)
             for p, c, s in zip(BATCH_PROMPTS, cfgs, BATCH_SHAPES)]
     return in_rounds(target, decs)
-
-
-def in_rounds(target, decs: list[SpeculativeDecoding], chains=None) -> list[SpeculativeDecoding]:
-    """Step `decs` in rounds of one BatchDecoder, speculating, until all finish (no row may fail); `chains`:
-    BatchDecoder.round's cap on copied chains."""
-    decoder = BatchDecoder(target)
-    while not all(d.finished for d in decs):
-        result = decoder.round([(d, True) for d in decs if not d.finished], chains=chains)
-        assert not any(isinstance(r, BaseException) for r in result.reports)
-    return decs
 
 
 def test_sampled_batched_rounds_with_lookup_match_solo():

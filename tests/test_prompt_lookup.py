@@ -20,8 +20,8 @@ from anchorspec.decode.lookup import CHAIN_MEMORY, ChainPlanner, LookupSettings
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.metrics import GenerationStats
 from helpers import FAMILIES, tiny_target
-from test_lookup import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE, in_rounds, stop_inside_a_cycle
-from test_sampling_e2e import PROMPT, exact_distribution, seeded_runs, worst_p_value
+from lookup_world import BATCH_PROMPTS, BATCH_TOKENS, PROMPTS, SINGLE, in_rounds, stop_inside_a_cycle
+from sampling_world import PROMPT, exact_distribution, seeded_runs, worst_p_value
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,7 @@ from anchorspec.cli import main
 from anchorspec.errors import AnchorspecError
 from anchorspec.models.drafter import KVCache, load_drafter
 from anchorspec.train.trainer import Trainer
-from test_train import DRAFT_VOCAB, config, drafter_state, read_jsonl, run_interrupted, setup  # noqa: F401 - fixture
+from train_world import DRAFT_VOCAB, config, drafter_state, read_jsonl, run_interrupted, setup  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

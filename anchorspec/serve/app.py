@@ -57,11 +57,11 @@ class TextStream:
         return delta
 
 
-def speculative_summary(stats: GenerationStats, drafts: bool, switches: int) -> dict:
-    """`enabled`: this request verified at least one draft, a drafter's or a copied chain (`drafts`: the server
-    verifies drafts; a request the drift fallback kept plain did not, even with a drafter loaded); `tau` is None
-    then, as for plain decoding."""
-    speculated = drafts and stats.verify_steps > 0
+def speculative_summary(stats: GenerationStats, switches: int) -> dict:
+    """`enabled`: this request verified at least one draft, a drafter's or a copied chain (a request the drift
+    fallback kept plain did not, even with a drafter loaded; a plain server's never do); `tau` is None then, as
+    for plain decoding."""
+    speculated = stats.verify_steps > 0
     return {"enabled": speculated, "tau": round(stats.tau, 4) if speculated else None,
             "verify_steps": stats.verify_steps,
             "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
@@ -210,7 +210,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             choice = {"index": 0, "finish_reason": res.finish_reason, "logprobs": None}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             return envelope(rid, chat, [choice], usage=usage(res.stats, len(res.token_ids)),
-                            speculative=speculative_summary(res.stats, scheduler.drafts, handle.switches))
+                            speculative=speculative_summary(res.stats, handle.switches))
         finally:
             handle.cancel()  # no-op once finished; frees the sequence if this task was cancelled
 
@@ -241,7 +241,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                     break
                 else:
                     res = payload
-                    spec = speculative_summary(res.stats, scheduler.drafts, handle.switches)
+                    spec = speculative_summary(res.stats, handle.switches)
                     tail = text.finish() if engine.tokenizer else ""
                     if tail:
                         yield chunk(tail)

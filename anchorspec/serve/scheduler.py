@@ -140,11 +140,6 @@ class Scheduler:
             self._cond.notify_all()
 
     @property
-    def drafts(self) -> bool:
-        """Whether requests verify drafts: a drafter's, or with none the chains copied from their text."""
-        return self.speculative or self.chains is not None
-
-    @property
     def running_count(self) -> int:
         return len(self._running)
 
