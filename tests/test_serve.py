@@ -708,6 +708,41 @@ def test_probes_back_off_while_the_global_tau_is_far_below_the_break_even_at_thi
         DriftMonitor(retry_after=32, max_retry_after=16)
 
 
+def test_forced_probes_that_stay_futile_come_ever_later_until_the_tau_recovers():
+    """While the global tau stays far below tau*(B), each forced probe doubles the wait for the next one (up to
+    2**PROBE_DOUBLINGS times max_retry_after); a retry round that finds tau no longer that far below probes on
+    time and sets the wait back. With probe_doublings 0 (the rule before session 77) they come every
+    max_retry_after rounds."""
+    from anchorspec.decode.fallback import PROBE_DOUBLINGS
+
+    def probes(doublings: int, rounds: int, m=None, states=None) -> tuple:
+        if m is None:
+            m = DriftMonitor(window=4, min_steps=1, retry_after=4, max_retry_after=12, global_min_steps=4)
+            m.probe_doublings = doublings
+            feed(m)  # tau*(4) = 3.0
+            for _ in range(8):
+                m.record(m.new_request(), "speculative", accepted=1)  # global tau 2.0: futile at 4 rows
+            states = [m.new_request() for _ in range(4)]
+        seen = []
+        for _ in range(rounds):
+            for state in states:
+                if state.speculating:
+                    m._switch_off(state)
+                state.plain_left = 0  # due
+            if m.start_round(states):
+                seen.append(m.rounds)
+        return seen, m, states
+
+    assert probes(0, 100)[0] == [12, 24, 36, 48, 60, 72, 84, 96]
+    seen, m, states = probes(PROBE_DOUBLINGS, 200)
+    assert seen == [12, 36, 84, 180]  # waits 12, 24, 48, 96
+    assert m.probe_wait() == 12 * 2 ** min(4, PROBE_DOUBLINGS)
+    for _ in range(64):
+        m.record(m.new_request(), "speculative", accepted=3)  # the traffic changed: tau 4 clears tau*(4)
+    seen, m, _ = probes(PROBE_DOUBLINGS, 8, m, states)
+    assert seen == [m.rounds - 4, m.rounds] and m.probe_wait() == 12  # every retry round again, the wait reset
+
+
 def test_a_new_request_is_judged_at_the_batch_size_it_joins():
     """After a burst drained to one row, the latest round's tau* is batch 1's: a request joining a
     batch of 4 must be judged at tau*(4), or a new burst starts speculating where it cannot pay."""

@@ -38,7 +38,8 @@ curves say that loses less time against plain rounds than padding every row; a p
 retries at most `min_steps` rows (the most overdue first), the evidence one round needs, when
 their forward apart pays.
 Probes back off: a retry round is skipped while the global tau sits more than `PROBE_MARGIN` below
-tau* at the current batch size, up to `max_retry_after` rounds since the last probe. A probe that
+tau* at the current batch size, up to `max_retry_after` rounds since the last probe, a wait that each
+such forced probe doubles (up to 2**PROBE_DOUBLINGS times) until a retry round finds tau closer. A probe that
 such a wide margin says will fail costs a speculative round at a loss, and the drafter's catch-up on
 every row's missed features, for nothing (session 33: at 16 users a speculative round cost ~4.7
 plain rounds for ~2 tokens a row, and such rounds were all a drafter server lost to a plain one).
@@ -240,6 +241,11 @@ def at_least(verify: float, plain: float) -> float:
 
 PROBE_MARGIN = 0.1  # retries are skipped while the global tau is this far (relative) below tau*
 PROBE_BACKOFF = 8  # ... but at least every PROBE_BACKOFF * retry_after rounds: the traffic may have changed
+# Each such forced probe doubles the wait for the next one, up to 2**PROBE_DOUBLINGS times max_retry_after, until a
+# retry round finds the global tau no longer that far below (the wait is then max_retry_after again). A probe at 16
+# rows costs ~2.8 plain rounds (4 rows drafting and verifying apart, their drafters first reading every position
+# since the last: 157 ms against 56, session 77), every 256 rounds on steady traffic where speculation cannot pay.
+PROBE_DOUBLINGS = 4
 
 
 class DriftMonitor:
@@ -255,6 +261,8 @@ class DriftMonitor:
         self.max_retry_after = max_retry_after
         self.last_probe = 0  # the round of the latest retry
         self.probes_skipped = 0
+        self.futile_probes = 0  # forced probes in a row that found the global tau still far below tau*
+        self.probe_doublings = PROBE_DOUBLINGS  # 0: a forced probe every max_retry_after rounds (before session 77)
         # the gate for every new request judges from more steps than one request's switch does: the
         # first few steps of one prompt (a slow start is common) must not turn speculation off for all
         self.global_min_steps = min(global_min_steps, global_window)
@@ -381,9 +389,13 @@ class DriftMonitor:
         due = [s for s in states if not s.speculating and s.plain_left <= 0]
         if not due:
             return []
-        if self.rounds - self.last_probe < self.max_retry_after and self._probe_futile(len(states)):
-            self.probes_skipped += 1
-            return []
+        if self._probe_futile(len(states)):
+            if self.rounds - self.last_probe < self.probe_wait():
+                self.probes_skipped += 1
+                return []
+            self.futile_probes += 1
+        else:
+            self.futile_probes = 0
         self.last_probe = self.rounds
         on = sum(s.speculating for s in states)
         if self._split_pays(len(states), max(on, min(on + len(due), self.min_steps))):
@@ -394,6 +406,11 @@ class DriftMonitor:
             state.switches += 1
             self.switches_on += 1
         return due
+
+    def probe_wait(self) -> int:
+        """Rounds between forced probes while they stay futile: max_retry_after, doubled by each futile probe
+        in a row (PROBE_DOUBLINGS' comment)."""
+        return self.max_retry_after * 2 ** min(self.futile_probes, self.probe_doublings)
 
     def _probe_futile(self, rows: int) -> bool:
         """Whether the recent speculative steps of all requests put tau so far below tau*(rows) that a
@@ -603,6 +620,9 @@ class StreamMonitor(DriftMonitor):
         self.unit: tuple[str, float] | None = None  # the shape that sets the pace, and its cost held fixed
         self.unit_steps: list[tuple[str, float]] = []  # a new shape's first steps (paced), measuring its unit
         self.prior_steps = PRIOR_STEPS  # 0: a window judged on its own (the rule before session 56)
+        # a stream's probe is a few drafted steps, not a batch's catch-up; waits growing to 4,096 steps would keep a
+        # drafter off for dozens of prompts after the traffic changed: forced probes stay every max_retry_after
+        self.probe_doublings = 0
         self.shape_margin = SHAPE_MARGIN  # choose_shape's hysteresis (an attribute so that a replay can vary it)
 
     # --- sampling regimes -------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""Session 77: forced probes at sixteen rows, every max_retry_after rounds (probe_doublings 0, the rule before) or
+with the wait doubled by each futile one (PROBE_DOUBLINGS), in process as probe_rounds.py measures rounds.
+
+A drafter scheduler (round-24 release with its lookup chain, bf16 AOT, 1 thread) first serves WARM requests one at a
+time (its global window then holds one-user steps, as a server's does after quiet hours), then REQUESTS MT-bench first
+turns with 16 in flight (T=0, 128 tokens). The two rules alternate over REPEATS pairs; each run reports tok/s over the
+16-row stretch and the rounds in which rows speculated.
+
+    python benchmarks/results/s77/probe_backoff.py --out benchmarks/results/s77/probe-backoff.json
+"""
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_rounds import DATA, DRAFTER  # noqa: E402
+
+from anchorspec.api import load  # noqa: E402
+from anchorspec.decode.fallback import PROBE_DOUBLINGS, DriftMonitor  # noqa: E402
+from anchorspec.decode.lookup import LookupSettings  # noqa: E402
+from anchorspec.serve.scheduler import Scheduler  # noqa: E402
+
+
+def run(engine, warm, prompts, doublings: int, max_tokens: int) -> dict:
+    monitor = DriftMonitor()
+    monitor.probe_doublings = doublings
+    scheduler = Scheduler(engine, monitor=monitor, max_running=16, lookup=LookupSettings(), calibrate=False)
+    scheduler.calibrate()
+    loop = asyncio.new_event_loop()
+    for ids in warm:  # one at a time
+        scheduler.submit(ids, max_tokens, 0.0, loop=loop)
+        while scheduler.running_count or scheduler.waiting_count:
+            scheduler.step()
+    rounds = []
+    inner = scheduler.decoder.round
+
+    def timed(items, split=False, chains=None):
+        t = time.perf_counter()
+        result = inner(items, split=split, chains=chains)
+        rounds.append((sum(bool(s) for _, s in items), time.perf_counter() - t))
+        return result
+
+    scheduler.decoder.round = timed
+    for ids in prompts:
+        scheduler.submit(ids, max_tokens, 0.0, loop=loop)
+    t = time.perf_counter()
+    while scheduler.running_count or scheduler.waiting_count:
+        scheduler.step()
+    wall = time.perf_counter() - t
+    spec = [s for on, s in rounds if on]
+    return {"doublings": doublings, "tok_s": len(prompts) * max_tokens / wall, "wall_s": wall, "rounds": len(rounds),
+            "speculating_rounds": len(spec), "speculating_s": sum(spec), "probes_skipped": monitor.probes_skipped,
+            "global_tau": monitor.global_tau, "switches_on": monitor.switches_on}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--warm", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    engine = load("smollm2-135m-instruct", str(DRAFTER), "auto", threads=1, compile="auto")
+    turns = [json.loads(line)["turns"][0] for line in DATA.read_text().splitlines()]
+    ids = [engine.encode_chat([{"role": "user", "content": t}]) for t in turns]
+    warm, prompts = ids[-args.warm:], [ids[i % (len(ids) - args.warm)] for i in range(args.requests)]
+    runs = []
+    for rep in range(args.repeats):
+        for doublings in ((0, PROBE_DOUBLINGS) if rep % 2 == 0 else (PROBE_DOUBLINGS, 0)):
+            runs.append(run(engine, warm, prompts, doublings, args.max_tokens))
+            print(json.dumps(runs[-1]), file=sys.stderr)
+    by = {d: [r for r in runs if r["doublings"] == d] for d in (0, PROBE_DOUBLINGS)}
+    summary = {str(d): {"tok_s_median": statistics.median(r["tok_s"] for r in rs),
+                        "speculating_share": statistics.median(r["speculating_s"] / r["wall_s"] for r in rs)}
+               for d, rs in by.items()}
+    summary["ratio"] = summary[str(PROBE_DOUBLINGS)]["tok_s_median"] / summary["0"]["tok_s_median"]
+    print(json.dumps(summary, indent=1))
+    Path(args.out).write_text(json.dumps({"config": vars(args), "dtype": str(engine.target.dtype), "runs": runs,
+                                          "summary": summary}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
