@@ -1,5 +1,8 @@
-"""Session 77: forced probes at sixteen rows, every max_retry_after rounds (probe_doublings 0, the rule before) or
-with the wait doubled by each futile one (PROBE_DOUBLINGS), in process as probe_rounds.py measures rounds.
+"""Session 77: two rules of the server's monitor at sixteen rows, in process as probe_rounds.py measures rounds.
+`--compare doublings`: forced probes every max_retry_after rounds (probe_doublings 0, the rule before) or with the
+wait doubled by each futile one (PROBE_DOUBLINGS). `--compare evidence` (both with the doubling): the whole batch
+turned speculative by one probe's lengths (whole_batch_evidence False, the rule before) or only on as many pooled
+lengths as it has rows (not kept: run it with whole-batch-evidence.patch, beside this script, applied).
 
 A drafter scheduler (round-24 release with its lookup chain, bf16 AOT, 1 thread) first serves WARM requests one at a
 time (its global window then holds one-user steps, as a server's does after quiet hours), then REQUESTS MT-bench first
@@ -7,6 +10,7 @@ turns with 16 in flight (T=0, 128 tokens). The two rules alternate over REPEATS 
 16-row stretch and the rounds in which rows speculated.
 
     python benchmarks/results/s77/probe_backoff.py --out benchmarks/results/s77/probe-backoff.json
+    python benchmarks/results/s77/probe_backoff.py --compare evidence --out benchmarks/results/s77/probe-evidence.json
 """
 import argparse
 import asyncio
@@ -27,9 +31,13 @@ from anchorspec.decode.lookup import LookupSettings  # noqa: E402
 from anchorspec.serve.scheduler import Scheduler  # noqa: E402
 
 
-def run(engine, warm, prompts, doublings: int, max_tokens: int) -> dict:
+def run(engine, warm, prompts, rule, max_tokens: int) -> dict:
+    """`rule`: ("doublings", n) or ("evidence", whole_batch_evidence)."""
     monitor = DriftMonitor()
-    monitor.probe_doublings = doublings
+    if rule[0] == "doublings":
+        monitor.probe_doublings = rule[1]
+    else:
+        monitor.whole_batch_evidence = rule[1]
     scheduler = Scheduler(engine, monitor=monitor, max_running=16, lookup=LookupSettings(), calibrate=False)
     scheduler.calibrate()
     loop = asyncio.new_event_loop()
@@ -54,7 +62,7 @@ def run(engine, warm, prompts, doublings: int, max_tokens: int) -> dict:
         scheduler.step()
     wall = time.perf_counter() - t
     spec = [s for on, s in rounds if on]
-    return {"doublings": doublings, "tok_s": len(prompts) * max_tokens / wall, "wall_s": wall, "rounds": len(rounds),
+    return {rule[0]: rule[1], "tok_s": len(prompts) * max_tokens / wall, "wall_s": wall, "rounds": len(rounds),
             "speculating_rounds": len(spec), "speculating_s": sum(spec), "probes_skipped": monitor.probes_skipped,
             "global_tau": monitor.global_tau, "switches_on": monitor.switches_on}
 
@@ -65,6 +73,7 @@ def main() -> int:
     p.add_argument("--warm", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--compare", choices=["doublings", "evidence"], default="doublings")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -73,15 +82,16 @@ def main() -> int:
     ids = [engine.encode_chat([{"role": "user", "content": t}]) for t in turns]
     warm, prompts = ids[-args.warm:], [ids[i % (len(ids) - args.warm)] for i in range(args.requests)]
     runs = []
+    old, new = (0, PROBE_DOUBLINGS) if args.compare == "doublings" else (False, True)
     for rep in range(args.repeats):
-        for doublings in ((0, PROBE_DOUBLINGS) if rep % 2 == 0 else (PROBE_DOUBLINGS, 0)):
-            runs.append(run(engine, warm, prompts, doublings, args.max_tokens))
+        for value in ((old, new) if rep % 2 == 0 else (new, old)):
+            runs.append(run(engine, warm, prompts, (args.compare, value), args.max_tokens))
             print(json.dumps(runs[-1]), file=sys.stderr)
-    by = {d: [r for r in runs if r["doublings"] == d] for d in (0, PROBE_DOUBLINGS)}
-    summary = {str(d): {"tok_s_median": statistics.median(r["tok_s"] for r in rs),
-                        "speculating_share": statistics.median(r["speculating_s"] / r["wall_s"] for r in rs)}
-               for d, rs in by.items()}
-    summary["ratio"] = summary[str(PROBE_DOUBLINGS)]["tok_s_median"] / summary["0"]["tok_s_median"]
+    by = {value: [r for r in runs if r[args.compare] == value] for value in (old, new)}
+    summary = {str(value): {"tok_s_median": statistics.median(r["tok_s"] for r in rs),
+                            "speculating_share": statistics.median(r["speculating_s"] / r["wall_s"] for r in rs)}
+               for value, rs in by.items()}
+    summary["ratio"] = summary[str(new)]["tok_s_median"] / summary[str(old)]["tok_s_median"]
     print(json.dumps(summary, indent=1))
     Path(args.out).write_text(json.dumps({"config": vars(args), "dtype": str(engine.target.dtype), "runs": runs,
                                           "summary": summary}, indent=2) + "\n")
