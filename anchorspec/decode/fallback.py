@@ -261,7 +261,7 @@ class DriftMonitor:
         self.max_retry_after = max_retry_after
         self.last_probe = 0  # the round of the latest retry
         self.probes_skipped = 0
-        self.futile_probes = 0  # forced probes in a row that found the global tau still far below tau*
+        self.futile_probes = 0  # probes forced in a row while the global tau stayed far below tau* (probe_wait)
         self.probe_doublings = PROBE_DOUBLINGS  # 0: a forced probe every max_retry_after rounds (before session 77)
         # the gate for every new request judges from more steps than one request's switch does: the
         # first few steps of one prompt (a slow start is common) must not turn speculation off for all
