@@ -13,22 +13,19 @@ turns with 16 in flight (T=0, 128 tokens). The two rules alternate over REPEATS 
     python benchmarks/results/s77/probe_backoff.py --compare evidence --out benchmarks/results/s77/probe-evidence.json
 """
 import argparse
-import asyncio
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import probe_rounds  # noqa: E402
 from probe_rounds import DATA, DRAFTER  # noqa: E402
 
 from anchorspec.api import load  # noqa: E402
 from anchorspec.decode.fallback import PROBE_DOUBLINGS, DriftMonitor  # noqa: E402
-from anchorspec.decode.lookup import LookupSettings  # noqa: E402
-from anchorspec.serve.scheduler import Scheduler  # noqa: E402
 
 
 def run(engine, warm, prompts, rule, max_tokens: int) -> dict:
@@ -38,30 +35,9 @@ def run(engine, warm, prompts, rule, max_tokens: int) -> dict:
         monitor.probe_doublings = rule[1]
     else:
         monitor.whole_batch_evidence = rule[1]
-    scheduler = Scheduler(engine, monitor=monitor, max_running=16, lookup=LookupSettings(), calibrate=False)
-    scheduler.calibrate()
-    loop = asyncio.new_event_loop()
-    for ids in warm:  # one at a time
-        scheduler.submit(ids, max_tokens, 0.0, loop=loop)
-        while scheduler.running_count or scheduler.waiting_count:
-            scheduler.step()
-    rounds = []
-    inner = scheduler.decoder.round
-
-    def timed(items, split=False, chains=None):
-        t = time.perf_counter()
-        result = inner(items, split=split, chains=chains)
-        rounds.append((sum(bool(s) for _, s in items), time.perf_counter() - t))
-        return result
-
-    scheduler.decoder.round = timed
-    for ids in prompts:
-        scheduler.submit(ids, max_tokens, 0.0, loop=loop)
-    t = time.perf_counter()
-    while scheduler.running_count or scheduler.waiting_count:
-        scheduler.step()
-    wall = time.perf_counter() - t
-    spec = [s for on, s in rounds if on]
+    rounds: list = []
+    wall = probe_rounds.run(engine, prompts, True, max_tokens, rounds, monitor=monitor, warm=warm)
+    spec = [r["seconds"] for r in rounds if r["speculating"]]
     return {rule[0]: rule[1], "tok_s": len(prompts) * max_tokens / wall, "wall_s": wall, "rounds": len(rounds),
             "speculating_rounds": len(spec), "speculating_s": sum(spec), "probes_skipped": monitor.probes_skipped,
             "global_tau": monitor.global_tau, "switches_on": monitor.switches_on}

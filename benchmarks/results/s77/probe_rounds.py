@@ -28,11 +28,18 @@ DATA = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
 DRAFTER = ROOT / "checkpoints" / "smollm2-135m-instruct-eagle3.1"
 
 
-def run(engine, prompts, drafter: bool, max_tokens: int, rounds: list) -> float:
-    scheduler = Scheduler(engine, monitor=DriftMonitor(), max_running=16,
+def run(engine, prompts, drafter: bool, max_tokens: int, rounds: list, monitor=None, warm=()) -> float:
+    """The wall time of `prompts` through a Scheduler (16 in flight), each round appended to `rounds`; `warm`
+    requests first, one at a time and not timed (probe_backoff.py). `monitor`: the scheduler's (a new one)."""
+    scheduler = Scheduler(engine, monitor=monitor or DriftMonitor(), max_running=16,
                           lookup=LookupSettings() if drafter else None, calibrate=False)
     if drafter:
         scheduler.calibrate()
+    loop = asyncio.new_event_loop()
+    for ids in warm:
+        scheduler.submit(ids, max_tokens, 0.0, loop=loop)
+        while scheduler.running_count or scheduler.waiting_count:
+            scheduler.step()
     inner = scheduler.decoder.round
 
     def timed(items, split=False, chains=None):
@@ -45,7 +52,6 @@ def run(engine, prompts, drafter: bool, max_tokens: int, rounds: list) -> float:
         return result
 
     scheduler.decoder.round = timed
-    loop = asyncio.new_event_loop()
     for ids in prompts:
         scheduler.submit(ids, max_tokens, 0.0, loop=loop)
     t = time.perf_counter()
