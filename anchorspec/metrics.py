@@ -23,6 +23,9 @@ class GenerationStats:
     explored_steps: int = 0  # steps drafted with another candidate than the measured shape (StreamMonitor.explore)
     lookup_rows: int = 0  # drafted tokens a context-lookup chain added beside the drafter's (decode/lookup.py)
     lookup_tokens: int = 0  # accepted tokens past the drafter's own path: what the lookup chain won
+    # verifications of a copied chain alone, no drafter pass: prompt lookup, a switched-off step that found a chain,
+    # or a speculating step that priced the chain alone above the drafter's tree (StreamMonitor.chain_alone)
+    copied_steps: int = 0
 
     def record_step(self, draft_depth: int, drafted: int, accepted: int) -> None:
         self.verify_steps += 1
@@ -61,7 +64,7 @@ class GenerationStats:
         out = GenerationStats()
         for name in ("prompt_tokens", "new_tokens", "target_forwards", "verify_steps", "drafted_tokens",
                      "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s", "fallback_switches",
-                     "explored_steps", "lookup_rows", "lookup_tokens"):
+                     "explored_steps", "lookup_rows", "lookup_tokens", "copied_steps"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         depth = max(len(self.reached_per_depth), len(other.reached_per_depth))
         pad = lambda xs: xs + [0] * (depth - len(xs))  # noqa: E731
@@ -79,7 +82,8 @@ class GenerationStats:
                    accepted_per_depth=list(d["accepted_per_depth"]), prefill_s=t.get("prefill", 0.0),
                    draft_s=t.get("draft", 0.0), verify_s=t.get("verify", 0.0), total_s=t.get("total", 0.0),
                    fallback_switches=d.get("fallback_switches", 0), explored_steps=d.get("explored_steps", 0),
-                   lookup_rows=d.get("lookup_rows", 0), lookup_tokens=d.get("lookup_tokens", 0))
+                   lookup_rows=d.get("lookup_rows", 0), lookup_tokens=d.get("lookup_tokens", 0),
+                   copied_steps=d.get("copied_steps", 0))
 
     def to_dict(self) -> dict:
         return {
@@ -98,6 +102,7 @@ class GenerationStats:
             "explored_steps": self.explored_steps,
             "lookup_rows": self.lookup_rows,
             "lookup_tokens": self.lookup_tokens,
+            "copied_steps": self.copied_steps,
             "time_s": {
                 "total": round(self.total_s, 4),
                 "prefill": round(self.prefill_s, 4),

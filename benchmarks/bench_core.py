@@ -229,6 +229,42 @@ def rotated_rows(jobs: list[tuple[str, list[int]]], methods: list[str], run, fin
     return rows
 
 
+def identical_to(methods: list[str], baseline: str):
+    """A rotated_rows `finish`: each method's output in the row marked identical or not to `baseline`'s, the tokens
+    then dropped."""
+    def finish(row: dict) -> None:
+        for m in methods:
+            row[m]["identical"] = row[m].pop("tokens") == row[baseline]["tokens"] if m != baseline else True
+        row[baseline].pop("tokens")
+    return finish
+
+
+def primed_run(methods: list[str], run, jobs: list[tuple[str, list[int]]], prime) -> None:
+    """Before timing: every method's first call on a short prompt (allocations, kernel choice), `prime()` (the drafter
+    engines on their untimed prompts), then every method once over a whole prompt (its shapes compiled)."""
+    for m in methods:
+        run(m, jobs[0][1][:32])
+    prime()
+    for m in methods:
+        run(m, jobs[-1][1])
+    print("primed", flush=True)
+
+
+def workload_summary(rows: list[dict], methods: list[str], workloads: list[str], reference: str) -> dict:
+    """method_summary per workload ("all" first) and method, against the plain loop and against `reference` (another
+    method), with the outputs identical to the plain loop's (identical_to); each line printed."""
+    summary = {}
+    for w in ["all"] + workloads:
+        rs = [r for r in rows if w in ("all", r["workload"])]
+        for m in methods:
+            x = summary[f"{w} | {m}"] = {**method_summary(rs, m), **method_summary(rs, m, reference),
+                                         "identical": sum(r[m]["identical"] for r in rs), "prompts": len(rs)}
+            print(f"{w:9s} {m:8s} {x['median_tok_s']:6.1f} tok/s  {x['median_vs_plain']:.3f}x plain  "
+                  f"{x[f'median_vs_{reference}']:.3f}x {reference} (min {x[f'min_vs_{reference}']:.2f})  tau "
+                  f"{'-' if x['tau'] is None else round(x['tau'], 2)}  identical {x['identical']}/{len(rs)}")
+    return summary
+
+
 def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
     out = fn(*args, **kwargs)

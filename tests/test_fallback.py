@@ -44,7 +44,7 @@ class FrozenCosts(StreamMonitor):
         self.kinds: list[str] = []
 
     def observe_step(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None,
-                     top_depth=None, shape=None, lookup_accepted=0):
+                     top_depth=None, shape=None):
         self.kinds.append(kind)
         shape = shape if shape is not None else self.shape
         if kind == "speculative":
@@ -103,6 +103,138 @@ def test_greedy_lossless_while_switching_with_a_lookup_chain(family):
         won += res.stats.lookup_tokens
         alone += monitor.kinds.count("lookup")
     assert won > 0 and alone > 0
+
+
+class Alternating:
+    """A chain-alone rule that says yes to every other step that found a chain: both kinds of step, back to back."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, found: int) -> bool:
+        self.calls += 1
+        return self.calls % 2 == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "granite"])
+@pytest.mark.parametrize("drafter", ["random", "oracle"])
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(2, 3, 6)], ids=str)
+def test_greedy_lossless_while_chains_are_verified_alone_between_drafted_steps(family, drafter, shape):
+    """A speculating stream whose steps verify the copied chain alone (no drafter pass, kind "lookup": ChainChoice)
+    between steps that draft: token for token the target's output, and the drafter, catching up on the features
+    of the chain-alone steps, still drafts what it should (an oracle's drafts stay accepted to full depth)."""
+    from anchorspec.decode.lookup import LookupSettings
+
+    target = tiny_target(family)
+    proposer = OracleProposer(target) if drafter == "oracle" else EagleProposer(random_drafter(target))
+    cfg = GenerationConfig(max_new_tokens=40)
+    kinds = []
+    for prompt in prompts():
+        ref = generate_vanilla(target, prompt, cfg).token_ids
+        monitor = FrozenCosts(threshold=1.0)  # never switches off: the steps that skip the drafter are the rule's
+        monitor.chain_alone = Alternating()
+        dec = SpeculativeDecoding(target, proposer, prompt, cfg, shape, lookup=LookupSettings())
+        res = dec.run(monitor)
+        assert res.token_ids == ref and res.stats.fallback_switches == 0
+        kinds += monitor.kinds
+        if drafter == "oracle":  # drafted steps after chain-alone ones: the drafter's own path still accepted whole
+            assert res.stats.tau >= 2
+    assert kinds.count("lookup") >= 2 and kinds.count("speculative") >= 4
+
+
+def test_stop_token_and_budget_inside_a_chain_verified_alone():
+    """A stop token inside a chain the stream verifies alone ends the output there; the token budget caps the
+    chain as it caps a drafted one."""
+    from anchorspec.decode.lookup import LookupSettings
+    from lookup_world import PROMPTS, stop_inside_a_cycle
+
+    target, prompt, cfg, ref = stop_inside_a_cycle()
+    monitor = FrozenCosts(threshold=1.0)
+    monitor.chain_alone = lambda found: True
+    res = SpeculativeDecoding(target, EagleProposer(random_drafter(target)), prompt, cfg, TreeShape.chain(1),
+                              lookup=LookupSettings()).run(monitor)
+    assert res.token_ids == ref.token_ids and res.finish_reason == "stop" and "lookup" in monitor.kinds
+    target = tiny_target("qwen2")
+    for max_new in (1, 2, 3, 5, 9, 17):
+        cfg = GenerationConfig(max_new_tokens=max_new)
+        monitor = FrozenCosts(threshold=1.0)
+        monitor.chain_alone = lambda found: True
+        res = SpeculativeDecoding(target, EagleProposer(random_drafter(target)), PROMPTS[0], cfg, TreeShape.chain(2),
+                                  lookup=LookupSettings(max_tokens=32)).run(monitor)
+        assert res.token_ids == generate_vanilla(target, PROMPTS[0], cfg).token_ids and res.finish_reason == "length"
+
+
+def chain_priced(**costs) -> StreamMonitor:
+    """A greedy stream's monitor drafting chain 3 on given costs, its drafter accepting half its tokens per level."""
+    m = FrozenCosts(**costs)
+    m.shape = TreeShape.chain(3)
+    m.reached, m.accepted = [1000] * 3, [500] * 3
+    return m
+
+
+def teach_chains(m: StreamMonitor, found: int, steps: int, chain_accepted: int, accepted: int, rows: int,
+                 kind: str = "speculative") -> None:
+    for _ in range(steps):
+        m.learn_chain(kind, found, chain_accepted, accepted, rows)
+
+
+def test_a_chain_is_verified_alone_where_it_wins_what_the_drafters_tree_would_for_less():
+    """ChainChoice's price: a chain found 8 long that is accepted whole, and beside which the drafter's tree won
+    nothing, is verified alone (no drafting, 9 rows instead of 4 + 8); one that is never accepted, beside which
+    the tree won its tokens, is merged."""
+    m = chain_priced(plain=1.0, verify_per_token=0.05, draft_per_level=0.1)
+    teach_chains(m, 8, 20, chain_accepted=8, accepted=8, rows=8)  # the chain won all; the tree nothing more
+    teach_chains(m, 2, 20, chain_accepted=0, accepted=2, rows=2)  # a miss: the drafter's tree won two tokens
+    assert m.chain_choice.drafter_gain(8, 1.0)[0] < 0.2 and m.chain_choice.chain_tokens(8) > 6
+    assert m.chain_alone(8) and not m.chain_alone(2)
+    assert not m.chain_alone(5)  # a length never seen: the priors (half a token a position; the drafter's whole gain)
+    m.regime = "sampled"
+    assert not m.chain_alone(8)  # sampled decoding merges: a chain alone wins little there
+    m.regime = "greedy"
+    m.enabled = False
+    assert not m.chain_alone(8)  # speculation forced: every step drafts
+    m.enabled = True
+    m.chain_choice = None
+    assert not m.chain_alone(8)  # the rule before session 78
+
+
+def test_a_length_verified_alone_is_merged_again_once_its_drafters_gain_has_faded():
+    """A length chosen alone keeps no merged steps to learn the drafter's gain from, so that gain fades back to its
+    prior (the drafter's expected tokens) and the stream drafts beside the chain again: a length is never left
+    alone for good on old evidence."""
+    from anchorspec.decode.lookup import CHAIN_MEMORY
+
+    m = chain_priced(plain=1.0, verify_per_token=0.05, draft_per_level=0.1)
+    m.accepted = [900] * 3  # a drafter accepting 9 tokens in 10 a level: 2.4 tokens a step expected
+    teach_chains(m, 6, 20, chain_accepted=3, accepted=3, rows=6)  # half the chain won, the tree nothing more
+    assert m.chain_alone(6)
+    teach_chains(m, 6, 3 * CHAIN_MEMORY, chain_accepted=3, accepted=3, rows=0, kind="lookup")  # verified alone
+    assert m.chain_choice.drafter_gain(6, 2.4)[0] > 1.8 and not m.chain_alone(6)
+    teach_chains(m, 6, 20, chain_accepted=3, accepted=3, rows=6)  # merged again: the gain is measured afresh
+    assert m.chain_alone(6)
+
+
+def test_a_stream_verifies_its_copied_chains_alone_where_the_drafter_adds_nothing():
+    """End to end on a target whose greedy output cycles (the copied chain accepts whole) with a random drafter
+    (its tree adds nothing): once measured, chains are verified alone, the drafter still speculating, and the
+    output is the target's; with the choice off every step drafts."""
+    from anchorspec.decode.lookup import LookupSettings
+    from lookup_world import PROMPTS
+
+    target = tiny_target("qwen2")
+    cfg = GenerationConfig(max_new_tokens=160)  # each found length is learned apart: a few of each
+    ref = generate_vanilla(target, PROMPTS[0], cfg).token_ids
+    kinds = {}
+    for choice in ("on", "off"):
+        m = chain_priced(plain=1.0, verify_per_token=0.05, draft_per_level=0.1, threshold=1.0)
+        if choice == "off":
+            m.chain_choice = None
+        res = SpeculativeDecoding(target, EagleProposer(random_drafter(target)), PROMPTS[0], cfg, TreeShape.chain(3),
+                                  lookup=LookupSettings()).run(m)
+        assert res.token_ids == ref
+        kinds[choice] = m.kinds
+    later = kinds["on"][len(kinds["on"]) // 2:]  # once the lengths the chain grows to were measured
+    assert later.count("lookup") > 0.5 * len(later) and "lookup" not in kinds["off"]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -903,12 +1035,17 @@ def test_without_the_fallback_every_step_speculates_and_the_monitor_still_learns
     assert m.verify(4) is not None  # ... and the cost of its 4-token verifies
 
 
-def test_a_step_that_verified_only_a_copied_chain_teaches_the_monitor_nothing():
-    """A switched-off step that found a copied chain (kind "lookup") drafted nothing: neither the drafter's
-    acceptance nor the draft or verify costs may learn from it."""
+def test_a_step_that_verified_only_a_copied_chain_teaches_the_verify_cost_and_nothing_of_the_drafter():
+    """A step that verified a copied chain alone (kind "lookup": a switched-off step, or one ChainChoice chose)
+    drafted nothing: the drafter's acceptance and drafting costs must not learn from it, but its time is a verify
+    of its tokens, which the choice between the chain and the drafter's tree prices."""
     m = FrozenCosts()
-    before = json.dumps(m.state(), sort_keys=True)
-    StreamMonitor.observe_step(m, "lookup", 9, 0, 0, 0.05, 0.0)
-    assert json.dumps(m.state(), sort_keys=True) == before
-    StreamMonitor.observe_step(m, "speculative", 4, 3, 2, 0.05, 0.01)  # the control: a drafted step does
-    assert json.dumps(m.state(), sort_keys=True) != before
+    before = m.state()
+    StreamMonitor.observe_step(m, "lookup", 9, 0, 0, 0.05, 0.001)
+    after = m.state()
+    assert after["acceptance"] == before["acceptance"] and after["draft"] == before["draft"]
+    assert m.verify(9) == pytest.approx(0.049) and after["verify"] != before["verify"]
+    StreamMonitor.observe_step(m, "speculative", 4, 3, 2, 0.05, 0.01)  # the control: a drafted step teaches both
+    assert m.state()["acceptance"] != after["acceptance"] and m.state()["draft"] != after["draft"]
+
+

@@ -32,6 +32,7 @@ emits and counts. `step()` is exactly prepare + a batch-of-one forward + finish.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -142,6 +143,7 @@ class StepReport:
     drafter_accepted: int = 0
     lookup_rows: int = 0  # verified rows the lookup chain added beside the drafter's
     lookup_found: int = 0  # the chain's length as found, before a batch capped it (decode/round.py)
+    chain_accepted: int = 0  # of the chain's verified tokens, those the target accepted (alone it would have too)
 
 
 SLOT_SLACK = 64  # rows a solo slot holds beyond prompt + budget (a verified tree's extra rows)
@@ -201,6 +203,9 @@ class SpeculativeDecoding:
         self.proposer, self.shape = proposer, shape.base if self.policy else shape
         # whether steps draft (a drafter, or a lookup copying from the text): the sequence is then kept, and timed
         self.drafts = proposer is not None or self.lookup is not None
+        # a solo greedy stream's rule for a step whose lookup found a chain of n tokens: True verifies the chain
+        # alone, no drafter pass (StreamMonitor.chain_alone; run() sets it); None: the chain is merged
+        self.chain_alone: Callable[[int], bool] | None = None
         if proposer is not None:
             proposer.reset()
 
@@ -327,14 +332,16 @@ class SpeculativeDecoding:
             return self._begin(held.levels(self.out.remaining - 1)[0], t, held=True)
         if shape is not None and self.policy is not None:
             raise AnchorspecError("a step's own shape and an adaptive depth do not combine")
+        explored = shape is not None  # a step drafting another shape than the sequence's, to price it
         shape = shape or (self.policy.shape() if self.policy else self.shape)
         # never draft deeper than the tokens still allowed (the bonus token takes one)
         step_shape = shape.capped(self.out.remaining - 1) if speculate and self.proposer is not None else None
         if step_shape is None:  # nothing to draft (no proposer, no room, or speculation is off): the root alone
-            # the pending token: the last one emitted, or the prompt's last after a shared-prefix start
-            pending = self.out.tokens[-1] if self.out.tokens else int(self.ids[-1])
-            root = DraftTree(torch.tensor([pending]), [-1])
+            root = self._root()
             return self._begin(self._merge_lookup(root) if self._looks_up_alone(speculate) else root, t)
+        chain = self._copied_chain() if self.lookup is not None else []
+        if chain and not explored and self._chain_alone_pays(len(chain)):
+            return self._begin(self._merge_lookup(self._root(), chain), t)
         if hasattr(self.proposer, "propose_passes"):
             yield from self.proposer.update_passes(self.sequence, self._take_unread_aux())
             tree = yield from self.proposer.propose_passes(step_shape, self.cfg.sampling, self.gen)
@@ -343,9 +350,19 @@ class SpeculativeDecoding:
             tree = self.proposer.propose(step_shape, self.cfg.sampling, self.gen)
         if self.staged is not None and tree.depth > self.staged and tree.depth_ordered:
             self._whole, tree = tree, tree.levels(self.staged)[0]
-        if self.lookup is not None:
-            tree = self._merge_lookup(tree)
+        if chain:
+            tree = self._merge_lookup(tree, chain)
         return self._begin(tree, t)
+
+    def _root(self) -> DraftTree:
+        """The pending token alone: the last one emitted, or the prompt's last after a shared-prefix start."""
+        return DraftTree(torch.tensor([self.out.tokens[-1] if self.out.tokens else int(self.ids[-1])]), [-1])
+
+    def _chain_alone_pays(self, found: int) -> bool:
+        """Whether this speculating step verifies the copied chain alone (`chain_alone`): a solo greedy stream only
+        (a batch pads every row to its widest, decode/round.py)."""
+        return (self.chain_alone is not None and not self.batched and isinstance(self.cache, KVSlot)
+                and self.cfg.sampling.greedy and self.chain_alone(found))
 
     def _looks_up_alone(self, speculate: bool) -> bool:
         """Whether a step with no drafter passes still drafts the lookup chain: prompt lookup (no proposer),
@@ -376,10 +393,14 @@ class SpeculativeDecoding:
         self._pending = (kept, draft_s, held)
         return kept
 
-    def _merge_lookup(self, tree: DraftTree) -> DraftTree:
-        """`tree` with the lookup chain merged in, when the sequence's suffix occurred before."""
+    def _copied_chain(self) -> list[int]:
+        """The chain the lookup copies after the sequence's last token ([] where its suffix did not occur before)."""
         self.lookup.extend(self.sequence[len(self.lookup.tokens):].tolist())
-        chain = self.lookup.propose(self.out.remaining - 1)  # the bonus token's slot stays free, as for the drafter
+        return self.lookup.propose(self.out.remaining - 1)  # the bonus token's slot stays free, as for the drafter
+
+    def _merge_lookup(self, tree: DraftTree, chain: list[int] | None = None) -> DraftTree:
+        """`tree` with the lookup chain (`chain`, else the one copied now) merged in, when there is one."""
+        chain = self._copied_chain() if chain is None else chain
         if not chain:
             return tree
         self._lookup_step = (tree, chain, len(chain))
@@ -404,6 +425,7 @@ class SpeculativeDecoding:
         if fallback.enabled and not fallback.calibrated and fallback.fixed_threshold is None:
             fallback.calibrate(self.target, self.proposer)  # leaves the proposer reset
         state = fallback.start(self.shape, self.cfg.sampling)
+        self.chain_alone = fallback.chain_alone if self.lookup is not None else None
         exploring = explore is not None and self.policy is None and self.staged is None
         previous = self.step()  # the prefill
         while not self.finished:
@@ -420,8 +442,9 @@ class SpeculativeDecoding:
                 fallback.observe_step(report.kind, report.drafted + 1, report.drafter_depth, report.drafter_accepted,
                                       step_s, report.draft_s, catch_up=previous.kind != "speculative",
                                       top_ranked=report.top_ranked, top_depth=report.top_depth,
-                                      shape=shape or self.shape,
-                                      lookup_accepted=report.accepted - report.drafter_accepted)
+                                      shape=shape or self.shape)
+            fallback.learn_chain(report.kind, report.lookup_found, report.chain_accepted, report.accepted,
+                                 report.lookup_rows)
             fallback.record(state, report.kind, report.accepted, len(report.tokens))
             previous = report
         self.stats.fallback_switches = state.switches
@@ -470,13 +493,15 @@ class SpeculativeDecoding:
             stats.record_step(tree.depth, tree.size - 1, verdict.accepted)
             stats.lookup_rows += lookup_rows
             stats.lookup_tokens += verdict.accepted - (len(drafter_path) - 1)
+            stats.copied_steps += looked_up_alone
             if self.policy is not None and not looked_up_alone:
                 self.policy.observe(drafter_depth, len(drafter_path) - 1)
         else:
             stats.target_forwards += 1
         new = [int(tree.tokens[i]) for i in verdict.path[1:]] + [verdict.next_token]
+        chain_accepted = 0 if chain is None else common_prefix(chain, new)
         if chain is not None:
-            self.lookup.observe(common_prefix(chain, new))
+            self.lookup.observe(chain_accepted)
         emitted = self._emit(new)
         if self.drafts:
             self.sequence = torch.cat([self.sequence, torch.tensor(new, dtype=torch.long)])
@@ -486,7 +511,7 @@ class SpeculativeDecoding:
             return StepReport(emitted, "lookup" if looked_up_alone else "speculative", tree.size - 1,
                               verdict.accepted, tree.depth, draft_s, verify_s, held,
                               drafted_by.top_ranked_run(drafter_path), drafted_by.top_ranked_depth, drafter_depth,
-                              len(drafter_path) - 1, lookup_rows, found)
+                              len(drafter_path) - 1, lookup_rows, found, chain_accepted)
         return StepReport(emitted, "plain", draft_s=draft_s, verify_s=verify_s)
 
     def _solo_slot(self) -> KVSlot:

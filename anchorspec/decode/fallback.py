@@ -68,6 +68,10 @@ ran: PACE_WINDOW), so that a candidate explored while the host runs slow is not 
 Acceptance (per depth, per tree) and the global window are kept per sampling regime, greedy and
 sampled (`StreamMonitor.select`; REGIMES' comment): a sampled stream is priced and judged on what
 sampled steps accepted, not on a blend with greedy ones. The costs are shared.
+With a context lookup (decode/lookup.py), a greedy stream's speculating step whose lookup found a chain verifies
+that chain alone, with no drafter pass, where the chain's expected tokens over its verify beat the drafter's tree
+with the chain merged, over drafting and the wider verify (`StreamMonitor.chain_alone`, ChainChoice: what chains
+of each found length win alone and what the tree adds beside them, learned from this process's steps).
 What a stream learned (`StreamMonitor.state`) outlives its process: `anchorspec.load` keeps it per
 target, drafter, dtype and machine (decode/shape.py: costs_path), so the next run starts from real
 steps' costs and the drafter's measured acceptance instead of a short, noisy calibration.
@@ -84,6 +88,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import AnchorspecError
+from .lookup import CHAIN_MEMORY, ChainAcceptance
 from .sampling import SamplingParams
 from .shape import verify_cost
 from .tree import TreeShape
@@ -585,6 +590,65 @@ def shape_key(shape: TreeShape) -> str:
     return f"{shape.top_k},{shape.depth},{shape.total_tokens}"
 
 
+# A greedy stream's step whose context lookup found a chain may verify that chain alone instead of the drafter's tree
+# with the chain merged in (ChainChoice): in a repetition the copied chain accepts what the drafter would, for a verify
+# of fewer rows and no drafter passes. Skipping the drafter whenever a chain of 4+ was found ran 1.09x the defaults
+# on 8 EAGLE summarisation prompts and 0.99-1.01x on MT-bench, QA and HumanEval (round 24, bf16, 2 threads,
+# session 78): where the chain does not win the drafter's rows must stay, so each step is priced. Priced, against
+# always merging (three runs, bf16 and float32, 2 threads, benchmarks/results/s78/): summaries 1.035-1.076x (geometric
+# mean per prompt, 14 of 16 prompts faster in each run); MT-bench, QA and HumanEval 0.97-1.02x, within what two
+# identical engines differ by in the same run (0.977-0.997x).
+GAIN_PRIOR_WEIGHT = 4  # the drafter's gain over a chain found L long, before measured, is worth this many steps
+
+
+class ChainChoice:
+    """What a copied chain of each found length L wins alone and what the drafter's tree adds to it, learned from a
+    greedy stream's verified steps (ticks: steps; both fade over lookup.CHAIN_MEMORY of them):
+    - the chain's own acceptance (ChainAcceptance): from every step that verified a chain, merged or alone; in a
+      merged step the chain alone would have accepted exactly its common prefix with what the step emitted
+      (greedy verification follows the target's tokens whichever node holds them);
+    - the drafter's gain: in a merged step, tokens accepted beyond the chain's own (>= 0), and the verify rows the
+      chain added beside the drafter's tree. Before any step at L, the gain is the drafter's expected accepted
+      tokens (the optimistic prior: as though the chain won nothing the drafter would not), and the rows L; a
+      length where the chain is chosen alone keeps no merged steps, so its gain fades back to the prior and a
+      merged step is tried again."""
+
+    def __init__(self):
+        self.chains = ChainAcceptance()
+        self.merged: dict[int, list[float]] = {}  # found -> [tick of the last update, weight, gain sum, rows sum]
+
+    def tick(self) -> None:
+        self.chains.tick()
+
+    def _faded(self, found: int) -> list[float]:
+        entry = self.merged.setdefault(found, [self.chains.rounds, 0.0, 0.0, 0.0])
+        fade = (1 - 1 / CHAIN_MEMORY) ** (self.chains.rounds - entry[0])
+        entry[0], entry[1], entry[2], entry[3] = self.chains.rounds, entry[1] * fade, entry[2] * fade, entry[3] * fade
+        return entry
+
+    def learn(self, found: int, offered: int, chain_accepted: int, merged: bool = False, accepted: int = 0,
+              rows: int = 0) -> None:
+        """A verified chain found `found` long, `offered` of it verified, `chain_accepted` of it accepted; `merged`:
+        in the drafter's tree, the step accepting `accepted` in all, the chain adding `rows` verify rows."""
+        self.chains.learn(True, found, offered, chain_accepted)
+        if merged:
+            entry = self._faded(found)
+            entry[1] += 1
+            entry[2] += accepted - chain_accepted
+            entry[3] += rows
+
+    def chain_tokens(self, found: int) -> float:
+        """E[tokens the chain found `found` long accepts alone]."""
+        return self.chains.expected_by_offered(True, found)[found]
+
+    def drafter_gain(self, found: int, prior: float) -> tuple[float, float]:
+        """E[tokens the drafter's tree accepts beyond such a chain], E[rows the chain adds beside the tree]; `prior`:
+        the drafter's expected accepted tokens."""
+        _, weight, gain, rows = self._faded(found)
+        return ((prior * GAIN_PRIOR_WEIGHT + gain) / (GAIN_PRIOR_WEIGHT + weight),
+                (found * GAIN_PRIOR_WEIGHT + rows) / (GAIN_PRIOR_WEIGHT + weight))
+
+
 class StreamMonitor(DriftMonitor):
     """The drift monitor for one stream at a time (see the module docstring). `verify` and `draft`
     are the per-step cost curves; `forward` / `drafting` of the round-based parent stay unused."""
@@ -624,6 +688,10 @@ class StreamMonitor(DriftMonitor):
         # drafter off for dozens of prompts after the traffic changed: forced probes stay every max_retry_after
         self.probe_doublings = 0
         self.shape_margin = SHAPE_MARGIN  # choose_shape's hysteresis (an attribute so that a replay can vary it)
+        self.chain_choice: ChainChoice | None = ChainChoice()  # None: every chain found is merged (before session 78)
+        # a chain goes alone only where priced this much faster than merged: at 0.1 the summaries' gain halved and
+        # nothing changed elsewhere (session 78), so 0
+        self.chain_margin = 0.0
 
     # --- sampling regimes -------------------------------------------------------------------------
     def select(self, sampling: SamplingParams) -> str:
@@ -644,17 +712,17 @@ class StreamMonitor(DriftMonitor):
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
                      catch_up: bool = False, top_ranked: int | None = None, top_depth: int | None = None,
-                     shape: TreeShape | None = None, lookup_accepted: int = 0) -> None:
-        """One step of the stream: `tokens` verified in a step of `step_s` seconds (drafting
-        included), `draft_s` of them drafting a depth-`depth` draft. `catch_up`: the drafter first
-        read the features of a plain stretch, so its time says nothing about a draft's cost.
-        `top_ranked`, `top_depth`: of a tree's accepted nodes, how many lay on its top-1 chain, and
-        that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it).
+                     shape: TreeShape | None = None) -> None:
+        """One step of the stream (`kind` "plain", "lookup": a copied chain alone, or "speculative"): `tokens`
+        verified in a step of `step_s` seconds (drafting included), `draft_s` of them drafting a depth-`depth`
+        draft. `catch_up`: the drafter first read the features of a plain stretch, so its time says nothing
+        about a draft's cost. `top_ranked`, `top_depth`: of a tree's accepted nodes, how many lay on its top-1
+        chain, and that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it).
         `shape`: the shape the step drafted with (None: the stream's; explore() picks others).
-        `depth` and `accepted` are the drafter's own tree's; `lookup_accepted`, the tokens a context-lookup
-        chain won past its path (decode/lookup.py), teach nothing about the drafter (its verify rows are in
-        `tokens`, its gain in the stream's realised tau, StreamMonitor.record)."""
-        if kind not in ("plain", "speculative"):
+        `depth` and `accepted` are the drafter's own tree's: what a context-lookup chain won past its path
+        (decode/lookup.py) teaches nothing about the drafter (its verify rows are in `tokens`, its gain in the
+        stream's realised tau, StreamMonitor.record)."""
+        if kind not in ("plain", "lookup", "speculative"):
             return
         shape = shape if shape is not None else self.shape
         tree = shape is not None and not shape.is_chain and kind == "speculative"
@@ -675,7 +743,9 @@ class StreamMonitor(DriftMonitor):
         if kind == "plain":
             self.verify.add(1, step_s)
             return
-        self.verify.add(tokens, step_s - draft_s)
+        self.verify.add(tokens, step_s - draft_s)  # draft_s: of a copied chain alone, the lookup's own time
+        if kind == "lookup":
+            return
         if draft_curve is not None:
             draft_curve.add(depth, draft_s)
         self.learn_acceptance(shape if tree else None, depth, accepted, top_ranked, top_depth)
@@ -785,6 +855,36 @@ class StreamMonitor(DriftMonitor):
         """Expected tokens/s of speculating with `shape` over plain decoding (None: costs unknown)."""
         cost = self.relative_step_cost(shape, floor)
         return None if cost is None else self.expected_shape_tau(shape) / cost
+
+    def chain_alone(self, found: int) -> bool:
+        """Whether a greedy step whose context lookup found a chain `found` long verifies the chain alone, rather
+        than the stream's shape with the chain merged in (ChainChoice): alone when
+
+            (1 + E[chain]) / verify(found + 1)  >  (1 + E[chain] + E[gain]) / (draft + verify(tree + rows))
+
+        E[chain]: the tokens the chain accepts alone; E[gain], rows: what the drafter's tree adds beside it and the
+        rows the chain adds to the tree; on the stream's costs. False while a cost is unknown, for sampled decoding
+        (a chain alone wins little there: lookup.py), and with the monitor disabled (speculation forced)."""
+        choice = self.chain_choice
+        if choice is None or not self.enabled or self.regime != GREEDY or self.shape is None or found < 1:
+            return False
+        gain, rows = choice.drafter_gain(found, self.expected_shape_tau(self.shape) - 1)
+        alone, draft = self.verify(found + 1), self.draft_cost(self.shape)
+        merged = self.verify(self.shape.total_tokens + rows)
+        if not alone or draft is None or merged is None:
+            return False
+        chain = choice.chain_tokens(found)
+        return (1 + chain) / alone > (1 + self.chain_margin) * (1 + chain + gain) / (draft + merged)
+
+    def learn_chain(self, kind: str, found: int, chain_accepted: int, accepted: int, rows: int) -> None:
+        """One step of a greedy stream (a tick of ChainChoice's memory); with a chain found `found` long (0: none;
+        a stream verifies it whole), `chain_accepted` of it accepted, alone (`kind` "lookup") or merged into the
+        drafter's tree ("speculative": the step accepted `accepted`, the chain added `rows` rows)."""
+        if self.chain_choice is None or self.regime != GREEDY:
+            return
+        self.chain_choice.tick()
+        if found and kind in ("lookup", "speculative"):
+            self.chain_choice.learn(found, found, chain_accepted, kind == "speculative", accepted, rows)
 
     def choose_shape(self, max_depth: int = MAX_CHAIN, trees=TREE_CANDIDATES, current: TreeShape | None = None):
         """The shape with the best expected speedup, and that speedup (below 1: speculation is not

@@ -8,7 +8,9 @@ as far as the repetition does. The chain is merged into the drafter's tree by pr
 token the drafter also proposed shares its node), so greedy verification accepts the longer of
 the two paths and the drafter's own acceptance is never lost; what the lookup costs is its extra
 verify rows. Its length adapts to how much the previous chain had accepted (2 * accepted + 2; 4
-after a step that found no match), so outside a repetition it adds a row or two. With no drafter the
+after a step that found no match), so outside a repetition it adds a row or two. Where the chain alone is
+priced to win more per second than the tree with it, a solo greedy stream verifies the chain alone
+(decode/fallback.py: StreamMonitor.chain_alone). With no drafter the
 chain is the whole draft (prompt lookup: `generate_prompt_lookup`, `generate --lookup` without
 `--drafter`), a speedup for any target without training anything.
 
@@ -137,33 +139,24 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-CHAIN_MEMORY = 512  # rounds over which a learned outcome fades (by 1/e): old traffic is forgotten, lengths retried
+CHAIN_MEMORY = 512  # ticks (a server's rounds, a stream's steps) over which a learned outcome fades (by 1/e)
 
 
-class ChainPlanner:
-    """How many copied tokens every row of a batched round verifies, when the rows draft copied chains alone
-    (prompt lookup in a server: `anchorspec serve --lookup` with no drafter). One row's chain pads every row
-    of the forward to its width, so a round caps all chains at the length c that gives the most expected
-    tokens per second:
+class ChainAcceptance:
+    """How far copied chains get: p_j(L), the acceptance of a chain's j-th token given the ones before it, learned
+    from verified chains per sampling regime and found length L (ContextLookup's adaptive length: 2 after a miss,
+    16 deep in a repetition; pooled over it, the many short chains after misses would price a long repetition's
+    chain as a miss). Each outcome fades over CHAIN_MEMORY ticks toward the Beta(1, 1) prior, so traffic that
+    changed is followed, and a length that stopped being verified is offered again in time."""
 
-        rate(c) = (B + sum_i E[accepted | chain of L_i found, min(L_i, c) offered]) / forward(B, c + 1)
-
-    over c = 0 (a plain round) and the rows' chain lengths L_i, where forward(rows, width) is the target
-    forward's measured cost (`cost`, e.g. ForwardCosts.between_widths; None where unmeasured) and E[accepted | L, n] =
-    sum_{k<=n} prod_{j<=k} p_j(L): p_j(L) the acceptance of a chain's j-th token given the ones before it,
-    learned from this server's verified chains per sampling regime and found length L. The found length says
-    how the row's last chain went (ContextLookup's adaptive length: 2 after a miss, 16 deep in a repetition),
-    and pooled over it the many short chains after misses would price a long repetition's chain as a miss.
-    Each outcome fades over CHAIN_MEMORY rounds toward the Beta(1, 1) prior, so traffic that changed is
-    followed, and a length that stopped being verified is offered again in time. A round that cannot be priced
-    (no cost measured at its rows' widths) verifies every chain whole, as prompt lookup alone does."""
-
-    def __init__(self, cost):
-        self.cost = cost
-        self.rounds = 0
-        # (greedy, found length) -> [round of the last update, [per position: weight of chains that reached it,
+    def __init__(self):
+        self.rounds = 0  # ticks
+        # (greedy, found length) -> [tick of the last update, [per position: weight of chains that reached it,
         # of those that accepted it]]
         self.counts: dict[tuple[bool, int], list] = {}
+
+    def tick(self) -> None:
+        self.rounds += 1
 
     def _faded(self, greedy: bool, found: int) -> list[list[float]]:
         entry = self.counts.setdefault((greedy, found), [self.rounds, [[0.0, 0.0] for _ in range(found)]])
@@ -186,10 +179,36 @@ class ChainPlanner:
             totals.append(totals[-1] + run)
         return totals
 
+    def learn(self, greedy: bool, found: int, offered: int, accepted: int) -> None:
+        """Of a chain found `found` long, the first `offered` tokens were verified and `accepted` accepted."""
+        counts = self._faded(greedy, found)
+        for k in range(1, min(offered, accepted + 1) + 1):  # positions the verifier reached
+            counts[k - 1][0] += 1
+            counts[k - 1][1] += accepted >= k
+
+
+class ChainPlanner(ChainAcceptance):
+    """How many copied tokens every row of a batched round verifies, when the rows draft copied chains alone
+    (prompt lookup in a server: `anchorspec serve --lookup` with no drafter). One row's chain pads every row
+    of the forward to its width, so a round caps all chains at the length c that gives the most expected
+    tokens per second:
+
+        rate(c) = (B + sum_i E[accepted | chain of L_i found, min(L_i, c) offered]) / forward(B, c + 1)
+
+    over c = 0 (a plain round) and the rows' chain lengths L_i, where forward(rows, width) is the target
+    forward's measured cost (`cost`, e.g. ForwardCosts.between_widths; None where unmeasured) and E[accepted | L, n] =
+    sum_{k<=n} prod_{j<=k} p_j(L), learned from this server's verified chains (ChainAcceptance; a tick a round).
+    A round that cannot be priced (no cost measured at its rows' widths) verifies every chain whole, as prompt
+    lookup alone does."""
+
+    def __init__(self, cost):
+        super().__init__()
+        self.cost = cost
+
     def cap(self, rows: int, chains: list[tuple[bool, int]]) -> int:
         """The round's cap on copied tokens: `rows` in the forward, `chains` (greedy, found length) of those that
         found one."""
-        self.rounds += 1
+        self.tick()
         plain = self.cost(rows, 1)
         best, best_rate = 0, (rows / plain if plain else 0.0)
         expected = [(found, self.expected_by_offered(greedy, found)) for greedy, found in chains]
@@ -201,10 +220,3 @@ class ChainPlanner:
             if gain / seconds > best_rate:
                 best, best_rate = c, gain / seconds
         return best
-
-    def learn(self, greedy: bool, found: int, offered: int, accepted: int) -> None:
-        """Of a chain found `found` long, the first `offered` tokens were verified and `accepted` accepted."""
-        counts = self._faded(greedy, found)
-        for k in range(1, min(offered, accepted + 1) + 1):  # positions the verifier reached
-            counts[k - 1][0] += 1
-            counts[k - 1][1] += accepted >= k
