@@ -121,8 +121,9 @@ class Alternating:
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(2, 3, 6)], ids=str)
 def test_greedy_lossless_while_chains_are_verified_alone_between_drafted_steps(family, drafter, shape):
     """A speculating stream whose steps verify the copied chain alone (no drafter pass, kind "lookup": ChainChoice)
-    between steps that draft: token for token the target's output, and the drafter, catching up on the features
-    of the chain-alone steps, still drafts what it should (an oracle's drafts stay accepted to full depth)."""
+    between steps that draft: token for token the target's output. The EAGLE drafter then catches up on the
+    features of the chain-alone steps (its update refuses a feature count that does not match the sequence), and
+    an oracle's drafts after them are still accepted."""
     from anchorspec.decode.lookup import LookupSettings
 
     target = tiny_target(family)
@@ -643,6 +644,30 @@ def test_monitor_state_round_trips_and_bad_states_are_refused():
         assert not other.restore(bad) and not other.calibrated and other.reached == []
     partial = StreamMonitor()  # a plain step alone is no calibration
     assert partial.restore({**good, "verify": [[1, 1.0]]}) and not partial.calibrated
+
+
+def test_what_a_stream_learned_of_copied_chains_outlives_its_process():
+    """ChainChoice is kept in the stream's state (the costs file a CLI run's next process reads): restored, the same
+    chains are verified alone; a state without it (before session 78) starts from the priors; damaged counts are
+    refused."""
+    m = chain_priced(plain=1.0, verify_per_token=0.05, draft_per_level=0.1)
+    teach_chains(m, 8, 20, chain_accepted=8, accepted=8, rows=8)
+    teach_chains(m, 2, 20, chain_accepted=0, accepted=2, rows=2)
+    fresh = chain_priced(plain=1.0, verify_per_token=0.05, draft_per_level=0.1)
+    assert not fresh.chain_alone(8)
+    assert fresh.restore(json.loads(json.dumps(m.state())))
+    assert fresh.chain_alone(8) and not fresh.chain_alone(2)
+    for found in (2, 8):
+        assert fresh.chain_choice.chain_tokens(found) == pytest.approx(m.chain_choice.chain_tokens(found))
+        assert fresh.chain_choice.drafter_gain(found, 1.0) == pytest.approx(m.chain_choice.drafter_gain(found, 1.0))
+    good = m.state()
+    older = StreamMonitor()
+    assert older.restore({k: v for k, v in good.items() if k != "chain_choice"})
+    assert older.chain_choice.merged == {} and older.chain_choice.chains.counts == {}
+    chains = good["chain_choice"]["chains"]
+    for bad in ({"chains": {**chains, "8": chains["8"][:3]}}, {"chains": {"2": [[1.0, 2.0], [0.0, 0.0]]}},
+                {"merged": {"2": [1.0, -1.0, 2.0]}}):
+        assert not StreamMonitor().restore({**good, "chain_choice": bad})
 
 
 def test_greedy_and_sampled_steps_are_priced_and_judged_apart():

@@ -641,6 +641,24 @@ class ChainChoice:
         """E[tokens the chain found `found` long accepts alone]."""
         return self.chains.expected_by_offered(True, found)[found]
 
+    def as_json(self) -> dict:
+        """What was learned, faded to now: per found length, the chain's positions ([reached, accepted] weights) and
+        the merged steps' [weight, gain, rows] sums."""
+        return {"chains": {str(found): self.chains.positions(True, found)
+                           for greedy, found in list(self.chains.counts) if greedy},
+                "merged": {str(found): self._faded(found)[1:] for found in list(self.merged)}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ChainChoice":
+        choice = cls()
+        for found, positions in data.get("chains", {}).items():
+            choice.chains.keep(True, int(found), positions)
+        for found, (weight, gain, rows) in data.get("merged", {}).items():
+            if min(weight, gain, rows) < 0:
+                raise ValueError(f"merged-step sums for length {found} are negative")
+            choice.merged[int(found)] = [0, float(weight), float(gain), float(rows)]
+        return choice
+
     def drafter_gain(self, found: int, prior: float) -> tuple[float, float]:
         """E[tokens the drafter's tree accepts beyond such a chain], E[rows the chain adds beside the tree]; `prior`:
         the drafter's expected accepted tokens."""
@@ -964,11 +982,13 @@ class StreamMonitor(DriftMonitor):
 
     # --- memory across processes ----------------------------------------------------------------
     def state(self) -> dict:
-        """What this stream has learned (costs and per-depth acceptance), as JSON-able data."""
+        """What this stream has learned (costs, per-depth acceptance, copied chains), as JSON-able data."""
         return {"version": STATE_VERSION, "verify": sorted(self.verify.points.values()),
                 "draft": sorted(self.draft.points.values()),
                 "acceptance": {regime: learned.as_json() for regime, learned in self.learned.items()},
                 "tree_draft": {k: self.draft_cost(TreeShape.parse(k)) for k, c in self.tree_draft.items() if c.points},
+                # greedy streams' copied chains and the drafter's gain beside them (absent before session 78)
+                "chain_choice": self.chain_choice.as_json() if self.chain_choice is not None else None,
                 # which costs are still the calibration's (the first real step replaces them)
                 "provisional": {"verify": sorted(self.verify.provisional), "draft": sorted(self.draft.provisional),
                                 "trees": sorted(k for k, c in self.tree_draft.items() if c.provisional)}}
@@ -992,6 +1012,7 @@ class StreamMonitor(DriftMonitor):
             provisional = state.get("provisional", {})  # absent from the states of session 40 and before
             guesses = {name: {int(b) for b in provisional.get(name, ())} for name in ("verify", "draft")}
             guessed_trees = {shape_key(TreeShape.parse(k)) for k in provisional.get("trees", ())}
+            chain_choice = ChainChoice.from_json(state["chain_choice"]) if state.get("chain_choice") else None
         except (AttributeError, KeyError, TypeError, ValueError, AnchorspecError):
             return False
         if any(x < 1 or y <= 0 for x, y in verify + draft) or any(y <= 0 for y in tree_draft.values()):
@@ -999,6 +1020,8 @@ class StreamMonitor(DriftMonitor):
         self.verify.restore(verify, guesses["verify"])
         self.draft.restore(draft, guesses["draft"])
         self.learned = learned
+        if chain_choice is not None and self.chain_choice is not None:
+            self.chain_choice = chain_choice
         self.tree_draft = {}
         for shape, seconds in tree_draft.items():
             guessed = {cost_bucket(shape.depth)} if shape_key(shape) in guessed_trees else set()

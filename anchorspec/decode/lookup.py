@@ -166,6 +166,16 @@ class ChainAcceptance:
             entry[0] = self.rounds
         return entry[1]
 
+    def positions(self, greedy: bool, found: int) -> list[list[float]]:
+        """Per position of a chain found `found` long, the faded weights [reached, accepted] (a copy)."""
+        return [list(p) for p in self._faded(greedy, found)]
+
+    def keep(self, greedy: bool, found: int, positions: list[list[float]]) -> None:
+        """Take up `positions` (as `positions` returned them, e.g. in an earlier process) as learned now."""
+        if len(positions) != found or any(len(p) != 2 or min(p) < 0 or p[1] > p[0] for p in positions):
+            raise ValueError(f"chain counts for length {found} do not fit it")
+        self.counts[(greedy, found)] = [self.rounds, [[float(r), float(a)] for r, a in positions]]
+
     def acceptance(self, greedy: bool, found: int, position: int) -> float:
         """p of the `position`-th token (1-based) of a chain found `found` long, given the ones before it."""
         reached, accepted = self._faded(greedy, found)[position - 1]
