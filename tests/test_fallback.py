@@ -44,7 +44,7 @@ class FrozenCosts(StreamMonitor):
         self.kinds: list[str] = []
 
     def observe_step(self, kind, tokens, depth, accepted, step_s, draft_s, catch_up=False, top_ranked=None,
-                     top_depth=None, shape=None):
+                     top_depth=None, shape=None, lookup_accepted=0):
         self.kinds.append(kind)
         shape = shape if shape is not None else self.shape
         if kind == "speculative":

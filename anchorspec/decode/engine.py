@@ -442,7 +442,8 @@ class SpeculativeDecoding:
                 fallback.observe_step(report.kind, report.drafted + 1, report.drafter_depth, report.drafter_accepted,
                                       step_s, report.draft_s, catch_up=previous.kind != "speculative",
                                       top_ranked=report.top_ranked, top_depth=report.top_depth,
-                                      shape=shape or self.shape)
+                                      shape=shape or self.shape,
+                                      lookup_accepted=report.accepted - report.drafter_accepted)
             fallback.learn_chain(report.kind, report.lookup_found, report.chain_accepted, report.accepted,
                                  report.lookup_rows)
             fallback.record(state, report.kind, report.accepted, len(report.tokens))

@@ -730,16 +730,17 @@ class StreamMonitor(DriftMonitor):
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
                      catch_up: bool = False, top_ranked: int | None = None, top_depth: int | None = None,
-                     shape: TreeShape | None = None) -> None:
+                     shape: TreeShape | None = None, lookup_accepted: int = 0) -> None:
         """One step of the stream (`kind` "plain", "lookup": a copied chain alone, or "speculative"): `tokens`
         verified in a step of `step_s` seconds (drafting included), `draft_s` of them drafting a depth-`depth`
         draft. `catch_up`: the drafter first read the features of a plain stretch, so its time says nothing
         about a draft's cost. `top_ranked`, `top_depth`: of a tree's accepted nodes, how many lay on its top-1
         chain, and that chain's depth (StepReport; None: the draft is a chain, `accepted` and `depth` say it).
         `shape`: the shape the step drafted with (None: the stream's; explore() picks others).
-        `depth` and `accepted` are the drafter's own tree's: what a context-lookup chain won past its path
-        (decode/lookup.py) teaches nothing about the drafter (its verify rows are in `tokens`, its gain in the
-        stream's realised tau, StreamMonitor.record)."""
+        `depth` and `accepted` are the drafter's own tree's; `lookup_accepted`, the tokens a context-lookup chain
+        won past its path (decode/lookup.py), teach nothing about the drafter (its verify rows are in `tokens`, its
+        gain in the stream's realised tau, StreamMonitor.record); a tracer of the steps reads it
+        (benchmarks/bench_default_shape.py)."""
         if kind not in ("plain", "lookup", "speculative"):
             return
         shape = shape if shape is not None else self.shape
