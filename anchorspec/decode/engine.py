@@ -359,10 +359,10 @@ class SpeculativeDecoding:
         return DraftTree(torch.tensor([self.out.tokens[-1] if self.out.tokens else int(self.ids[-1])]), [-1])
 
     def _chain_alone_pays(self, found: int) -> bool:
-        """Whether this speculating step verifies the copied chain alone (`chain_alone`): a solo greedy stream only
-        (a batch pads every row to its widest, decode/round.py)."""
+        """Whether this speculating step verifies the copied chain alone (`chain_alone`, which decides for greedy
+        decoding only): a solo stream on a KV slot only (a batch pads every row to its widest, decode/round.py)."""
         return (self.chain_alone is not None and not self.batched and isinstance(self.cache, KVSlot)
-                and self.cfg.sampling.greedy and self.chain_alone(found))
+                and self.chain_alone(found))
 
     def _looks_up_alone(self, speculate: bool) -> bool:
         """Whether a step with no drafter passes still drafts the lookup chain: prompt lookup (no proposer),

@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import AnchorspecError
-from .lookup import CHAIN_MEMORY, ChainAcceptance
+from .lookup import ChainAcceptance, faded_by
 from .sampling import SamplingParams
 from .shape import verify_cost
 from .tree import TreeShape
@@ -603,7 +603,7 @@ GAIN_PRIOR_WEIGHT = 4  # the drafter's gain over a chain found L long, before me
 
 class ChainChoice:
     """What a copied chain of each found length L wins alone and what the drafter's tree adds to it, learned from a
-    greedy stream's verified steps (ticks: steps; both fade over lookup.CHAIN_MEMORY of them):
+    greedy stream's verified steps (ticks: steps; both fade over lookup.CHAIN_MEMORY of them, lookup.faded_by):
     - the chain's own acceptance (ChainAcceptance): from every step that verified a chain, merged or alone; in a
       merged step the chain alone would have accepted exactly its common prefix with what the step emitted
       (greedy verification follows the target's tokens whichever node holds them);
@@ -622,15 +622,14 @@ class ChainChoice:
 
     def _faded(self, found: int) -> list[float]:
         entry = self.merged.setdefault(found, [self.chains.rounds, 0.0, 0.0, 0.0])
-        fade = (1 - 1 / CHAIN_MEMORY) ** (self.chains.rounds - entry[0])
+        fade = faded_by(self.chains.rounds - entry[0])
         entry[0], entry[1], entry[2], entry[3] = self.chains.rounds, entry[1] * fade, entry[2] * fade, entry[3] * fade
         return entry
 
-    def learn(self, found: int, offered: int, chain_accepted: int, merged: bool = False, accepted: int = 0,
-              rows: int = 0) -> None:
-        """A verified chain found `found` long, `offered` of it verified, `chain_accepted` of it accepted; `merged`:
-        in the drafter's tree, the step accepting `accepted` in all, the chain adding `rows` verify rows."""
-        self.chains.learn(True, found, offered, chain_accepted)
+    def learn(self, found: int, chain_accepted: int, merged: bool = False, accepted: int = 0, rows: int = 0) -> None:
+        """A chain found `found` long, verified whole (a stream never caps it), `chain_accepted` of it accepted;
+        `merged`: in the drafter's tree, the step accepting `accepted` in all, the chain adding `rows` verify rows."""
+        self.chains.learn(True, found, found, chain_accepted)
         if merged:
             entry = self._faded(found)
             entry[1] += 1
@@ -896,14 +895,14 @@ class StreamMonitor(DriftMonitor):
         return (1 + chain) / alone > (1 + self.chain_margin) * (1 + chain + gain) / (draft + merged)
 
     def learn_chain(self, kind: str, found: int, chain_accepted: int, accepted: int, rows: int) -> None:
-        """One step of a greedy stream (a tick of ChainChoice's memory); with a chain found `found` long (0: none;
-        a stream verifies it whole), `chain_accepted` of it accepted, alone (`kind` "lookup") or merged into the
-        drafter's tree ("speculative": the step accepted `accepted`, the chain added `rows` rows)."""
+        """One step of a greedy stream (a tick of ChainChoice's memory); with a chain found `found` long (0: none),
+        `chain_accepted` of it accepted, alone (`kind` "lookup") or merged into the drafter's tree ("speculative":
+        the step accepted `accepted`, the chain added `rows` rows)."""
         if self.chain_choice is None or self.regime != GREEDY:
             return
         self.chain_choice.tick()
         if found and kind in ("lookup", "speculative"):
-            self.chain_choice.learn(found, found, chain_accepted, kind == "speculative", accepted, rows)
+            self.chain_choice.learn(found, chain_accepted, kind == "speculative", accepted, rows)
 
     def choose_shape(self, max_depth: int = MAX_CHAIN, trees=TREE_CANDIDATES, current: TreeShape | None = None):
         """The shape with the best expected speedup, and that speedup (below 1: speculation is not

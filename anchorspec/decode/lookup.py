@@ -142,6 +142,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 CHAIN_MEMORY = 512  # ticks (a server's rounds, a stream's steps) over which a learned outcome fades (by 1/e)
 
 
+def faded_by(ticks: int) -> float:
+    """What an outcome learned `ticks` ago still weighs (CHAIN_MEMORY)."""
+    return (1 - 1 / CHAIN_MEMORY) ** ticks
+
+
 class ChainAcceptance:
     """How far copied chains get: p_j(L), the acceptance of a chain's j-th token given the ones before it, learned
     from verified chains per sampling regime and found length L (ContextLookup's adaptive length: 2 after a miss,
@@ -160,7 +165,7 @@ class ChainAcceptance:
 
     def _faded(self, greedy: bool, found: int) -> list[list[float]]:
         entry = self.counts.setdefault((greedy, found), [self.rounds, [[0.0, 0.0] for _ in range(found)]])
-        fade = (1 - 1 / CHAIN_MEMORY) ** (self.rounds - entry[0])
+        fade = faded_by(self.rounds - entry[0])
         if fade != 1:
             entry[1] = [[reached * fade, accepted * fade] for reached, accepted in entry[1]]
             entry[0] = self.rounds
