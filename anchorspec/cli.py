@@ -745,10 +745,20 @@ def cmd_compile(args) -> int:
     path = target.aot_path()
     print(f"{path} ({path.stat().st_size / 1e6:.0f} MB): the {target.dtype} step graph of {args.target} "
           f"(aux layers {list(target.aux_layer_ids)}), ready in {time.perf_counter() - start:.0f} s")
+    _print_twin(target.load_graph())
     if engine.drafter is not None and engine.drafter.aot:
         path = engine.drafter.aot_path()
         print(f"{path} ({path.stat().st_size / 1e6:.0f} MB): the pass graph of the drafter {args.drafter}")
+        _print_twin(engine.drafter.load_graph())
     return 0
+
+
+def _print_twin(graph) -> None:
+    from .models.compiled import NarrowWide
+
+    if isinstance(graph, NarrowWide):
+        print(f"{graph.path} ({graph.path.stat().st_size / 1e6:.0f} MB): its twin for steps of up to {graph.up_to} "
+              "new rows (inductor's C++ GEMM template)")
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -167,7 +167,7 @@ def test_aot_graph_is_kept_for_later_processes(compiled_llama, monkeypatch):
     good = path.read_bytes()
     rebuilt = []
 
-    def rebuild(owner, body, example, dynamic, key, what):  # stands in for a real compile (~30 s)
+    def rebuild(owner, body, example, dynamic, key, what, gemm="onednn"):  # stands in for a real compile (~30 s)
         rebuilt.append(key[0])
         key[0].write_bytes(good)
 
@@ -212,6 +212,7 @@ def test_load_with_compile_leaves_packing_to_the_compiler(tmp_path, capsys, monk
 
     name = dtype_name(dtype)
     monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))  # no graph on disk: load compiles it
+    monkeypatch.setenv("ANCHORSPEC_NARROW_GRAPH", "off")  # one graph each (their twins: test_narrow_graph.py)
     path = save_tiny_chat_target(tmp_path / "t", dtype=dtype)
     engine = load(str(path), dtype=name, compile=True, pack="on")
     assert engine.target.compiled and not is_packed(engine.target.model)

@@ -10,6 +10,13 @@ the small ops between them fuse. Two ways:
   AOTInductor; one file per model and machine under $ANCHORSPEC_HOME/compiled/, loaded in seconds by
   every later process. The graph reads its cache through a StaticCache (`write_and_read`, the same
   writes and reads ForwardCache makes in a static forward).
+
+A CPU step of one or a few new rows is a read of every weight; oneDNN's prepacked kernels read bf16 weights at
+~16 GB/s on 2 threads of an AVX-512-bf16 EPYC, while inductor's C++ GEMM template (max_autotune, backend CPP)
+streamed them at ~29 GB/s, near that host's copy bandwidth: the target's plain step 19.3 -> 10.7 ms. At 8 rows
+and more the template ran 2-3x slower than oneDNN (session 79). So an AOT step has two graphs where the
+template applies (`NarrowWide`): the template's for steps of up to a measured number of new rows (cached per
+machine and thread count, `narrow_up_to`), oneDNN's for the rest.
 """
 
 from __future__ import annotations
@@ -73,6 +80,13 @@ def static_cache_dims(cache) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
 
 
 # --- ahead of time: one graph per model and machine, compiled once and kept on disk ---------------
+
+# inductor options of an AOT graph's GEMMs: "onednn" (freezing prepacks each weight for oneDNN's kernels) or "cpp"
+# (inductor's C++ GEMM template alone: its micro-kernels at one or a few rows; the module docstring)
+GEMM_OPTIONS = {"onednn": {}, "cpp": {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}}
+NARROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ template's (not float64: the tests')
+NARROW_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)  # new rows per step at which the two graphs are timed
+NARROW_VERDICT = 1  # bump when how the crossover is measured changes: cached verdicts are then measured again
 
 AOT_FORMAT = 3  # bump when what a graph computes or takes changes: older files are then never loaded (2: the LM head selects rows in every graph; 3: grouped attention in graph_form's form)
 _aot_built = 0  # AOT graphs compiled or loaded in this process (graphs_compiled counts them)
@@ -148,7 +162,7 @@ def aot_graph_key(what: str, fields: dict) -> tuple[Path, str]:
 
 
 def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: tuple, key: tuple[Path, str],
-                what: str) -> Callable:
+                what: str, gemm: str = "onednn") -> Callable:
     """`body(*args, mask=, cache=)` as an AOTInductor graph: loaded from `path` if an earlier process compiled
     it (`key`: aot_graph_key's path and key), else exported (torch.export, the sizes in `dynamic`
     symbolic), compiled with the weights frozen (on a CPU oneDNN prepacks each linear layer's weight),
@@ -156,7 +170,8 @@ def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic:
     `example` is (args, mask, rows, cols, keys, values) with every dynamic size >= 2 and distinct from the
     others. Returns a callable taking the same. Compiling costs about a minute and a half for
     SmolLM2-135M on 2 cores; loading a few seconds; unlike torch.compile's graphs (inductor does not
-    cache a graph whose constants are prepacked), the file serves every later process."""
+    cache a graph whose constants are prepacked), the file serves every later process. `gemm`: the
+    GEMM kernels (GEMM_OPTIONS; `key` must name them, narrow_key)."""
     global _aot_built
     import torch._inductor
 
@@ -169,14 +184,14 @@ def aot_compile(owner: torch.nn.Module, body: Callable, example: tuple, dynamic:
         except Exception as e:  # noqa: BLE001 (a damaged or foreign file: compile it again)
             print(f"anchorspec: {path} did not load ({type(e).__name__}: {str(e)[:200]}); compiling it again",
                   file=sys.stderr, flush=True)
-    _aot_write(owner, body, example, dynamic, key, what)
+    _aot_write(owner, body, example, dynamic, key, what, gemm)
     runner = torch._inductor.aoti_load_package(str(path))
     _aot_built += 1
     return runner
 
 
 def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: tuple, key: tuple[Path, str],
-               what: str) -> None:
+               what: str, gemm: str = "onednn") -> None:
     import torch._inductor
 
     from ..atomic import atomic_write, make_temp_dir
@@ -195,7 +210,7 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
         try:
             # no_grad: inductor freezes (folds and prepacks the weights for oneDNN) only with grad off; a graph
             # compiled outside inference mode ran 1.5x slower at 4 tokens (session 47)
-            with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+            with torch.no_grad(), torch._inductor.config.patch(freezing=True, **GEMM_OPTIONS[gemm]):
                 built = torch._inductor.aoti_compile_and_package(program, package_path=str(work / "graph.pt2"))
             os.replace(built, tmp)
         finally:
@@ -207,12 +222,15 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
 
 
 def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tuple[tuple[str, ...], ...],
-               layers: int, key: tuple[Path, str], what: str) -> Callable | None:
+               layers: int, key: tuple[Path, str], what: str, sized: Callable[[int], tuple] | None = None
+               ) -> Callable | None:
     """aot_compile for a static-cache step: `args` names each leading input's dimensions ("rows",
     "tokens", "kept"); the mask [rows, 1, tokens, keys], the cache's slot rows and columns and `layers`
     key and value buffers [slots, heads, capacity, head_dim] are laid out as StaticCache reads them.
     Every size is dynamic from 1 up (keys and capacity from 2). None, after one line on stderr, where
-    the graph cannot be compiled (no C++ compiler, say): the caller then runs eager."""
+    the graph cannot be compiled (no C++ compiler, say): the caller then runs eager.
+    `sized(n)`: inputs of one row of n new tokens; with it, where the C++ GEMM template applies
+    (`narrow_applies`), a second graph serves the steps it was measured faster at (NarrowWide)."""
     from torch.export import Dim
 
     dims = {name: Dim(name, min=1) for name in ("rows", "tokens", "kept", "slots")}
@@ -222,11 +240,110 @@ def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tup
     dynamic = (tuple({i: dims[n] for i, n in enumerate(names)} for names in args), {0: B, 2: T, 3: dims["keys"]},
                {0: B}, {0: B, 1: T}, buffers, buffers)
     try:
-        return aot_compile(owner, body, example, dynamic, key, what)
+        wide = aot_compile(owner, body, example, dynamic, key, what)
     except Exception as e:  # noqa: BLE001 (a speed-up that cannot be had must not stop the generation)
         print(f"anchorspec: {what} could not be compiled ({type(e).__name__}: {str(e).strip()[:300]}); running "
               "eager", file=sys.stderr, flush=True)
         return None
+    if sized is None or not narrow_applies(example[1]):
+        return wide
+    narrow, up_to = None, None
+    verdict_key = machine_key_for(narrow_key(key)[0].name, NARROW_VERDICT)
+    cached = read_narrow_verdict(verdict_key)
+    if cached == 0:  # measured here before: the template's graph never won
+        return wide
+    try:
+        narrow = aot_compile(owner, body, example, dynamic, narrow_key(key), what + " for narrow steps", gemm="cpp")
+        up_to = cached if cached is not None else narrow_up_to(narrow, wide, sized, verdict_key)
+    except Exception as e:  # noqa: BLE001 (the wide graph serves every step)
+        print(f"anchorspec: {what} for narrow steps could not be compiled ({type(e).__name__}: "
+              f"{str(e).strip()[:300]}); every step takes the one graph", file=sys.stderr, flush=True)
+        return wide
+    return NarrowWide(narrow, wide, up_to, narrow_key(key)[0]) if up_to else wide
+
+
+def narrow_applies(mask: torch.Tensor) -> bool:
+    """Whether a step graph of this mask's dtype and device gets a C++-template twin: on a CPU, in a dtype the
+    template has kernels for, unless ANCHORSPEC_NARROW_GRAPH=off."""
+    return (mask.device.type == "cpu" and mask.dtype in NARROW_DTYPES
+            and os.environ.get("ANCHORSPEC_NARROW_GRAPH", "on").lower() not in ("off", "0", "false", "no"))
+
+
+def narrow_key(key: tuple[Path, str]) -> tuple[Path, str]:
+    """The key of the C++-template twin of the graph `key` names (aot_graph_key's): the same fields and \"gemm\"."""
+    path, text = key
+    fields = {**json.loads(text), "gemm": "cpp"}
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return path.with_name(f"{path.stem.split('-')[0]}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"), text
+
+
+def machine_key_for(graph: str, version: int) -> dict:
+    """What a crossover verdict is valid for: the graph file (its model and machine), the thread count."""
+    from .dtype import machine_key
+
+    return machine_key(graph=graph, verdict=version)
+
+
+def read_narrow_verdict(key: dict) -> int | None:
+    """The cached crossover for `key` (new rows up to which the narrow graph serves; 0: never), or None."""
+    from .dtype import read_verdict, probe_cache_path
+
+    record = read_verdict(probe_cache_path(key, "gemm"), key, _narrow_verdict_ok)
+    return None if record is None else record["up_to"]
+
+
+def _narrow_verdict_ok(record: dict) -> bool:
+    return isinstance(record.get("up_to"), int) and record["up_to"] >= 0 and isinstance(record.get("ms"), dict)
+
+
+def narrow_up_to(narrow: Callable, wide: Callable, sized: Callable[[int], tuple], key: dict,
+                 sizes: tuple[int, ...] = NARROW_SIZES, repeats: int = 7) -> int:
+    """The most new rows a step may have for the narrow graph to serve it: the largest of `sizes` at which,
+    and at every smaller one, the narrow graph's fastest call beat the wide one's (the two alternate within each
+    repeat; the fastest of `repeats` calls, since another process on the cores only slows a call); 0: never. Measured once per graph file and thread
+    count, then cached under $ANCHORSPEC_HOME/gemm/ (models/dtype.py: cached_verdict)."""
+    from .dtype import cached_verdict
+
+    def measure() -> dict:
+        times = {name: {n: [] for n in sizes} for name in ("narrow", "wide")}
+        inputs = {n: sized(n) for n in sizes}
+        with torch.no_grad():
+            for r in range(repeats + 2):  # two warm-up rounds: a graph's first calls at a size ran 10-40x slower
+                for n in sizes:
+                    for name, graph in (("narrow", narrow), ("wide", wide)):
+                        t = time.perf_counter()
+                        graph(*inputs[n])
+                        if r >= 2:
+                            times[name][n].append(time.perf_counter() - t)
+        fastest = {name: {n: min(v) for n, v in by.items()} for name, by in times.items()}  # a busy machine only slows
+        up_to = 0
+        for n in sizes:
+            if fastest["narrow"][n] >= fastest["wide"][n]:
+                break
+            up_to = n
+        return {"up_to": up_to, "ms": {name: {str(n): round(v * 1e3, 3) for n, v in by.items()}
+                                       for name, by in fastest.items()}}
+
+    record, path = cached_verdict("gemm", key, measure, _narrow_verdict_ok)
+    narrow_ms, wide_ms = record["ms"]["narrow"], record["ms"]["wide"]
+    timed = ", ".join(f"{n}: {narrow_ms[n]} vs {wide_ms[n]} ms" for n in list(narrow_ms)[:4])
+    print(f"anchorspec: steps of up to {record['up_to']} new rows take the narrow-step graph here ({timed}; "
+          f"kept in {path})", file=sys.stderr, flush=True)
+    return record["up_to"]
+
+
+class NarrowWide:
+    """One step, two AOT graphs: `narrow` (the C++ GEMM template) for steps of at most `up_to` new rows in all
+    (rows x tokens: the GEMMs' rows), `wide` (oneDNN) for the rest. Both compute the same step; their sums may
+    round differently in the last bit, as oneDNN's do between thread counts."""
+
+    def __init__(self, narrow: Callable, wide: Callable, up_to: int, path: Path | None = None):
+        self.narrow, self.wide, self.up_to = narrow, wide, up_to
+        self.path = path  # the narrow graph's file
+
+    def __call__(self, args, mask, rows, cols, keys, values):
+        graph = self.narrow if args[0].numel() <= self.up_to else self.wide
+        return graph(args, mask, rows, cols, keys, values)
 
 
 def static_example(rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int, kv_heads: int,

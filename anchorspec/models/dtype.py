@@ -145,7 +145,7 @@ def _dtype_verdict_ok(record: dict) -> bool:
             and isinstance(record.get("pack_fp32"), bool))
 
 
-def _read_verdict(path: Path, key: dict, ok: Callable[[dict], bool]) -> dict | None:
+def read_verdict(path: Path, key: dict, ok: Callable[[dict], bool]) -> dict | None:
     """The cached verdict at `path` if it is whole and for this key; None otherwise (then it is re-measured)."""
     try:
         record = json.loads(path.read_text())
@@ -173,7 +173,7 @@ def cached_verdict(kind: str, key: dict, measure: Callable[[], dict],
     The first verdict written wins (processes probing at once, DDP ranks, then all decide alike); a
     damaged file is measured again; a read-only home only costs a probe next time."""
     path = probe_cache_path(key, kind)
-    record = _read_verdict(path, key, ok)
+    record = read_verdict(path, key, ok)
     if record is None:
         damaged = path.exists()
         record = {"key": key, **measure()}
@@ -182,7 +182,7 @@ def cached_verdict(kind: str, key: dict, measure: Callable[[], dict],
             if damaged:
                 path.unlink(missing_ok=True)
             if not atomic_create_text(path, json.dumps(record, indent=1) + "\n"):
-                record = _read_verdict(path, key, ok) or record
+                record = read_verdict(path, key, ok) or record
         except OSError:
             pass
     return record, path

@@ -1,0 +1,152 @@
+"""The narrow-step graph (models/compiled.py): on a CPU, in float32/bf16/fp16, an AOT step has a twin compiled
+with inductor's C++ GEMM template, which serves the steps of at most a measured number of new rows; the oneDNN
+graph serves the rest. Decoding through the pair stays lossless (chains, trees, plain steps, batched rounds),
+each graph serves the steps it should, and the crossover is measured once, cached, and read back."""
+
+import json
+
+import pytest
+import torch
+
+import anchorspec.models.compiled as compiled_module
+from anchorspec.decode.engine import (GenerationConfig, PlainDecoding, SpeculativeDecoding, generate_speculative,
+                                       generate_vanilla)
+from anchorspec.decode.propose import EagleProposer
+from anchorspec.decode.round import BatchDecoder
+from anchorspec.decode.tree import TreeShape
+from anchorspec.models.compiled import NarrowWide, narrow_key, narrow_up_to
+from batch_world import run_batched
+from helpers import prompts, random_drafter, tiny_target
+
+UP_TO = 3  # the crossover the pair below is given: steps of 1-3 new rows narrow, 4 and more wide
+
+
+@pytest.fixture(scope="module")
+def narrow_pair():
+    """A float32 tiny target whose step graph is a NarrowWide pair (crossover fixed at UP_TO), each graph's calls
+    recorded as the number of new rows it was given."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANCHORSPEC_NARROW_GRAPH", "on")
+        mp.setattr(compiled_module, "narrow_up_to", lambda *args, **kwargs: UP_TO)
+        mp.setattr(compiled_module, "read_narrow_verdict", lambda key: None)
+        target = tiny_target("llama", dtype=torch.float32)
+        target.compile()
+        pair = target.load_graph()
+    assert isinstance(pair, NarrowWide) and pair.up_to == UP_TO
+    calls = {"narrow": [], "wide": []}
+    for name in calls:
+        graph = getattr(pair, name)
+        setattr(pair, name, lambda args, *rest, graph=graph, name=name: calls[name].append(args[0].numel())
+                or graph(args, *rest))
+    return target, calls
+
+
+def test_narrow_and_wide_graphs_decode_as_the_eager_target(narrow_pair):
+    """Plain steps and 3-token chain verifies take the narrow graph, trees of 6 the wide one; the tokens are the
+    eager float32 target's (the tiny target's logits are peaked, so float32 rounding flips no greedy choice), solo
+    and in batched rounds (their rows x tokens decide)."""
+    target, calls = narrow_pair
+    eager = tiny_target("llama", dtype=torch.float32)
+    drafter = random_drafter(target)  # float64, reading the float32 target's features
+    cfg = GenerationConfig(max_new_tokens=16)
+    for prompt in prompts():
+        ref = generate_vanilla(eager, prompt, cfg).token_ids
+        assert generate_vanilla(target, prompt, cfg).token_ids == ref
+        for shape in (TreeShape.chain(2), TreeShape(2, 3, 6)):
+            assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, shape).token_ids == ref, shape
+    assert set(calls["narrow"]) >= {1, 3} and max(calls["narrow"]) <= UP_TO
+    assert min(calls["wide"]) > UP_TO and 6 in calls["wide"]
+    calls["narrow"].clear(), calls["wide"].clear()
+    decs, refs = [], []  # a 1-token chain beside two plain streams: rows of width 2 (wide), then two plain rows
+    for n, prompt, proposer in zip((4, 12, 10), prompts(3), (EagleProposer(drafter), None, None)):
+        cfg = GenerationConfig(max_new_tokens=n)
+        refs.append(generate_vanilla(eager, prompt, cfg).token_ids)
+        decs.append(PlainDecoding(target, prompt, cfg) if proposer is None
+                    else SpeculativeDecoding(target, proposer, prompt, cfg, TreeShape.chain(1)))
+    assert [r.token_ids for r in run_batched(BatchDecoder(target), decs, start=3)] == refs
+    assert 2 in calls["narrow"] and 6 in calls["wide"]
+
+
+def _sleeper(ms_at):
+    import time
+
+    def graph(args, *rest):
+        time.sleep(ms_at(args[0].numel()) / 1e3)
+
+    return graph
+
+
+def _rows(n):  # the inputs narrow_up_to times a graph on: only the first tensor's size matters here
+    return ((torch.zeros(1, n, dtype=torch.long),), None, None, None, None, None)
+
+
+def test_the_crossover_is_measured_once_and_kept(tmp_path, monkeypatch, capsys):
+    """narrow_up_to: the largest size at which, and at every smaller one, the narrow graph was faster; cached per
+    key (a second call times nothing; a damaged file is measured again); a narrow graph slower at one row never
+    serves."""
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path))
+    wide = _sleeper(lambda n: 2.0)
+    narrow = _sleeper(lambda n: 0.3 if n <= 4 else 4.0)
+    key = {"graph": "test", "verdict": 1}
+    assert narrow_up_to(narrow, wide, _rows, key, sizes=(1, 2, 4, 8), repeats=1) == 4
+    assert "steps of up to 4 new rows take the narrow-step graph" in capsys.readouterr().err
+    assert compiled_module.read_narrow_verdict(key) == 4
+
+    def untimed(*args):
+        raise AssertionError("a cached crossover was measured again")
+
+    assert narrow_up_to(untimed, untimed, _rows, key, sizes=(1, 2, 4, 8), repeats=1) == 4
+    (cached,) = (tmp_path / "gemm").iterdir()
+    cached.write_text("{not json")
+    assert compiled_module.read_narrow_verdict(key) is None
+    slow_at_one = _sleeper(lambda n: 4.0 if n == 1 else 0.3)  # faster at 2+, not at 1: never narrow
+    assert narrow_up_to(slow_at_one, wide, _rows, key, sizes=(1, 2, 4), repeats=1) == 0
+    assert json.loads(cached.read_text())["up_to"] == 0
+
+
+def _count_builds(monkeypatch, fail_cpp: bool = False):
+    """aot_compile wrapped: records the GEMM kind of every graph built or loaded; `fail_cpp`: the template's raises."""
+    builds, real = [], compiled_module.aot_compile
+
+    def counting(*args, gemm="onednn", **kwargs):
+        builds.append(gemm)
+        if fail_cpp and gemm == "cpp":
+            raise RuntimeError("no C++ GEMM template here")
+        return real(*args, gemm=gemm, **kwargs)
+
+    monkeypatch.setattr(compiled_module, "aot_compile", counting)
+    return builds
+
+
+def test_no_twin_where_it_does_not_apply_or_never_won(narrow_pair, monkeypatch, capsys):
+    """float64 (no C++ template kernels), ANCHORSPEC_NARROW_GRAPH=off, and a machine whose cached crossover is 0 get
+    the one graph and never build the twin; a twin that fails to compile costs one line, and the one graph serves
+    every step with the same tokens."""
+    builds = _count_builds(monkeypatch)
+    for dtype, setting, verdict in ((torch.float64, "on", None), (torch.float32, "off", None),
+                                    (torch.float32, "on", 0)):
+        monkeypatch.setenv("ANCHORSPEC_NARROW_GRAPH", setting)
+        monkeypatch.setattr(compiled_module, "read_narrow_verdict", lambda key, verdict=verdict: verdict)
+        target = tiny_target("llama", dtype=dtype)
+        target.compile()
+        assert not isinstance(target.load_graph(), NarrowWide), (dtype, setting, verdict)
+    assert builds == ["onednn"] * 3
+    monkeypatch.setenv("ANCHORSPEC_NARROW_GRAPH", "on")
+    monkeypatch.setattr(compiled_module, "read_narrow_verdict", lambda key: None)
+    builds = _count_builds(monkeypatch, fail_cpp=True)
+    target = tiny_target("llama", dtype=torch.float32)
+    target.compile()
+    cfg = GenerationConfig(max_new_tokens=8)
+    assert generate_vanilla(target, prompts()[0], cfg).token_ids == \
+        generate_vanilla(tiny_target("llama", dtype=torch.float32), prompts()[0], cfg).token_ids
+    assert builds == ["onednn", "cpp"] and not isinstance(target.load_graph(), NarrowWide)
+    assert "for narrow steps could not be compiled (RuntimeError: no C++ GEMM template here)" in capsys.readouterr().err
+
+
+def test_the_twin_is_a_file_of_its_own(narrow_pair):
+    """The twin's graph file is named after the wide one's key plus the GEMM kind: another file, the same fields."""
+    target, _ = narrow_pair
+    path, text = target._graph_key()
+    twin, twin_text = narrow_key((path, text))
+    assert twin != path and twin.is_file() and path.is_file() and twin.name.startswith("target-")
+    assert json.loads(twin_text) == {**json.loads(text), "gemm": "cpp"}
