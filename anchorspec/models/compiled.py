@@ -247,19 +247,19 @@ def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tup
         return None
     if sized is None or not narrow_applies(example[1]):
         return wide
-    narrow, up_to = None, None
-    verdict_key = machine_key_for(narrow_key(key)[0].name, NARROW_VERDICT)
+    twin = narrow_key(key)
+    verdict_key = narrow_verdict_key(twin[0])
     cached = read_narrow_verdict(verdict_key)
     if cached == 0:  # measured here before: the template's graph never won
         return wide
     try:
-        narrow = aot_compile(owner, body, example, dynamic, narrow_key(key), what + " for narrow steps", gemm="cpp")
+        narrow = aot_compile(owner, body, example, dynamic, twin, what + " for narrow steps", gemm="cpp")
         up_to = cached if cached is not None else narrow_up_to(narrow, wide, sized, verdict_key)
     except Exception as e:  # noqa: BLE001 (the wide graph serves every step)
         print(f"anchorspec: {what} for narrow steps could not be compiled ({type(e).__name__}: "
               f"{str(e).strip()[:300]}); every step takes the one graph", file=sys.stderr, flush=True)
         return wide
-    return NarrowWide(narrow, wide, up_to, narrow_key(key)[0]) if up_to else wide
+    return NarrowWide(narrow, wide, up_to, twin[0]) if up_to else wide
 
 
 def narrow_applies(mask: torch.Tensor) -> bool:
@@ -277,11 +277,12 @@ def narrow_key(key: tuple[Path, str]) -> tuple[Path, str]:
     return path.with_name(f"{path.stem.split('-')[0]}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"), text
 
 
-def machine_key_for(graph: str, version: int) -> dict:
-    """What a crossover verdict is valid for: the graph file (its model and machine), the thread count."""
+def narrow_verdict_key(twin: Path) -> dict:
+    """What a crossover verdict is valid for: the twin's graph file (its model and machine), the thread count and
+    how the crossover is measured (NARROW_VERDICT)."""
     from .dtype import machine_key
 
-    return machine_key(graph=graph, verdict=version)
+    return machine_key(graph=twin.name, verdict=NARROW_VERDICT)
 
 
 def read_narrow_verdict(key: dict) -> int | None:
@@ -298,10 +299,10 @@ def _narrow_verdict_ok(record: dict) -> bool:
 
 def narrow_up_to(narrow: Callable, wide: Callable, sized: Callable[[int], tuple], key: dict,
                  sizes: tuple[int, ...] = NARROW_SIZES, repeats: int = 7) -> int:
-    """The most new rows a step may have for the narrow graph to serve it: the largest of `sizes` at which,
-    and at every smaller one, the narrow graph's fastest call beat the wide one's (the two alternate within each
-    repeat; the fastest of `repeats` calls, since another process on the cores only slows a call); 0: never. Measured once per graph file and thread
-    count, then cached under $ANCHORSPEC_HOME/gemm/ (models/dtype.py: cached_verdict)."""
+    """The most new rows a step may have for the narrow graph to serve it: the largest of `sizes` at which, and at
+    every smaller one, the narrow graph's fastest call beat the wide one's (the two alternate within each repeat; the
+    fastest of `repeats` calls, since another process on the cores only slows a call); 0: never. Measured once per
+    graph file and thread count, then cached under $ANCHORSPEC_HOME/gemm/ (models/dtype.py: cached_verdict)."""
     from .dtype import cached_verdict
 
     def measure() -> dict:
@@ -315,7 +316,7 @@ def narrow_up_to(narrow: Callable, wide: Callable, sized: Callable[[int], tuple]
                         graph(*inputs[n])
                         if r >= 2:
                             times[name][n].append(time.perf_counter() - t)
-        fastest = {name: {n: min(v) for n, v in by.items()} for name, by in times.items()}  # a busy machine only slows
+        fastest = {name: {n: min(v) for n, v in by.items()} for name, by in times.items()}
         up_to = 0
         for n in sizes:
             if fastest["narrow"][n] >= fastest["wide"][n]:
