@@ -6,8 +6,8 @@
 #   DATA=../shared/data/mt_bench/question.jsonl N=10 bash scripts/demo.sh    # your prompts: JSONL,
 #                                        # 'prompt' or MT-bench 'turns' (first turn); N = how many
 #   bash scripts/demo.sh --json          # JSON lines on stdout: one per prompt, then {"summary": ...}
-#   bash scripts/demo.sh --compile off   # eager steps (default: the target's step graph, compiled once per
-#                                        # machine, about a minute and a half the first time)
+#   bash scripts/demo.sh --compile off   # eager steps (default: the step graphs and their narrow-step twins,
+#                                        # compiled once per machine, a few minutes the first time on 2 cores)
 # Uses the released EAGLE-3.1 drafter (checkpoints/); without it, a randomly initialised one: output is
 # still identical to the target's, but nearly nothing is accepted (tau ~ 1).
 set -euo pipefail
