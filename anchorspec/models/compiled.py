@@ -221,16 +221,16 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
     print(f"anchorspec: compiled {what} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
-def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tuple[tuple[str, ...], ...],
-               layers: int, key: tuple[Path, str], what: str, sized: Callable[[int], tuple] | None = None
-               ) -> Callable | None:
+def step_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[..., tuple],
+               args: tuple[tuple[str, ...], ...], layers: int, key: tuple[Path, str], what: str) -> Callable | None:
     """aot_compile for a static-cache step: `args` names each leading input's dimensions ("rows",
     "tokens", "kept"); the mask [rows, 1, tokens, keys], the cache's slot rows and columns and `layers`
     key and value buffers [slots, heads, capacity, head_dim] are laid out as StaticCache reads them.
     Every size is dynamic from 1 up (keys and capacity from 2). None, after one line on stderr, where
     the graph cannot be compiled (no C++ compiler, say): the caller then runs eager.
-    `sized(n)`: inputs of one row of n new tokens; with it, where the C++ GEMM template applies
-    (`narrow_applies`), a second graph serves the steps it was measured faster at (NarrowWide)."""
+    `example_of(rows=, tokens=, past=, kept=, slots=, capacity=)`: inputs of those sizes (static_example's), traced
+    once with every size distinct; where the C++ GEMM template applies (`narrow_applies`), a second graph serves
+    the steps it was measured faster at, on one row of n new tokens after 128 cached ones (NarrowWide)."""
     from torch.export import Dim
 
     dims = {name: Dim(name, min=1) for name in ("rows", "tokens", "kept", "slots")}
@@ -239,13 +239,14 @@ def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tup
     buffers = [{0: S, 2: C}] * layers
     dynamic = (tuple({i: dims[n] for i, n in enumerate(names)} for names in args), {0: B, 2: T, 3: dims["keys"]},
                {0: B}, {0: B, 1: T}, buffers, buffers)
+    example = example_of(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11)
     try:
         wide = aot_compile(owner, body, example, dynamic, key, what)
     except Exception as e:  # noqa: BLE001 (a speed-up that cannot be had must not stop the generation)
         print(f"anchorspec: {what} could not be compiled ({type(e).__name__}: {str(e).strip()[:300]}); running "
               "eager", file=sys.stderr, flush=True)
         return None
-    if sized is None or not narrow_applies(example[1]):
+    if not narrow_applies(example[1]):
         return wide
     twin = narrow_key(key)
     verdict_key = narrow_verdict_key(twin[0])
@@ -254,7 +255,10 @@ def step_graph(owner: torch.nn.Module, body: Callable, example: tuple, args: tup
         return wide
     try:
         narrow = aot_compile(owner, body, example, dynamic, twin, what + " for narrow steps", gemm="cpp")
-        up_to = cached if cached is not None else narrow_up_to(narrow, wide, sized, verdict_key)
+        def one_row(tokens: int) -> tuple:
+            return example_of(rows=1, tokens=tokens, past=128, kept=tokens, slots=1, capacity=128 + tokens)
+
+        up_to = cached if cached is not None else narrow_up_to(narrow, wide, one_row, verdict_key)
     except Exception as e:  # noqa: BLE001 (the wide graph serves every step)
         print(f"anchorspec: {what} for narrow steps could not be compiled ({type(e).__name__}: "
               f"{str(e).strip()[:300]}); every step takes the one graph", file=sys.stderr, flush=True)

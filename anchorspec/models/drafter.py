@@ -469,11 +469,9 @@ class Eagle3Drafter(nn.Module):
             raise AnchorspecError("load_graph needs compile(aot=True) first")
         if self._aot == "pending":
             self.compiles += 1
-            self._aot = step_graph(self, self._aot_body,
-                                   self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
+            self._aot = step_graph(self, self._aot_body, self._aot_example,
                                    (("rows", "tokens"), ("rows", "tokens"), ("rows", "tokens"), ("kept",)),
-                                   len(self.decoder_layers), self._graph_key(), "the drafter's pass graph",
-                                   sized=self._one_row_example)
+                                   len(self.decoder_layers), self._graph_key(), "the drafter's pass graph")
         return self._aot
 
     def aot_path(self) -> Path:
@@ -496,11 +494,6 @@ class Eagle3Drafter(nn.Module):
 
     def _aot_body(self, token_ids, x_in, position_ids, rows, mask, cache):
         return rows_forward(self, token_ids, x_in, position_ids, cache, mask, rows)
-
-    def _one_row_example(self, tokens: int) -> tuple:
-        """One row of `tokens` new tokens after 128 cached ones, every row kept: what the narrow-step graph is timed
-        on against the wide one (models/compiled.py: narrow_up_to)."""
-        return self._aot_example(rows=1, tokens=tokens, past=128, kept=tokens, slots=1, capacity=128 + tokens)
 
     def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
         """Inputs of the AOT graph's shapes (models/compiled.py: static_example), x_in beside the token ids."""

@@ -243,10 +243,9 @@ class Target:
             raise AnchorspecError("load_graph needs compile(aot=True) first")
         if self._aot == "pending":
             self.compiles += 1
-            self._aot = step_graph(self.model, self._aot_body,
-                                   self._aot_example(rows=2, tokens=3, past=5, kept=5, slots=4, capacity=11),
+            self._aot = step_graph(self.model, self._aot_body, self._aot_example,
                                    (("rows", "tokens"), ("rows", "tokens"), ("kept",)), self.num_layers,
-                                   self._graph_key(), "the target's step graph", sized=self._one_row_example)
+                                   self._graph_key(), "the target's step graph")
         return self._aot
 
     def aot_path(self, fuse: bool = True) -> Path:
@@ -280,11 +279,6 @@ class Target:
         c = self.config
         kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         return kv_heads, c.num_attention_heads // kv_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-
-    def _one_row_example(self, tokens: int) -> tuple:
-        """One row of `tokens` new tokens after 128 cached ones, every row kept: what the narrow-step graph is timed
-        on against the wide one (models/compiled.py: narrow_up_to)."""
-        return self._aot_example(rows=1, tokens=tokens, past=128, kept=tokens, slots=1, capacity=128 + tokens)
 
     def _aot_example(self, rows: int, tokens: int, past: int, kept: int, slots: int, capacity: int) -> tuple:
         """Inputs of the AOT graph's shapes (models/compiled.py: static_example)."""
