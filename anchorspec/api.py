@@ -13,7 +13,6 @@ that the measured costs and acceptance favour.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from .decode.tree import TreeShape
 from .errors import AnchorspecError
 from .metrics import GenerationStats
 from .models.drafter import Eagle3Drafter, load_drafter
-from .models.hub import resolve_target
+from .models.hub import resolve_target, switched_on
 from .models.packed import is_packed, pack_linears, packing_supported
 from .models.dtype import model_shapes, resolve_packing, resolve_target_dtype
 from .models.compiled import COMPILE_PAYS_AT, graphs_compiled
@@ -300,7 +299,7 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
         if d is not None:
             d.compile(aot=loaded.aot)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
     if remember is None:
-        remember = os.environ.get("ANCHORSPEC_REMEMBER", "on").lower() not in ("off", "0", "false", "no")
+        remember = switched_on("ANCHORSPEC_REMEMBER")
     costs_file, pack_drafter = None, None  # None: Engine packs the drafter as the target's weights are
     if d is not None:
         attach_drafter(loaded, d)  # binds the embedding that the drafter's graph key reads

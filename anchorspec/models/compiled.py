@@ -269,8 +269,9 @@ def step_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[...,
 def narrow_applies(mask: torch.Tensor) -> bool:
     """Whether a step graph of this mask's dtype and device gets a C++-template twin: on a CPU, in a dtype the
     template has kernels for, unless ANCHORSPEC_NARROW_GRAPH=off."""
-    return (mask.device.type == "cpu" and mask.dtype in NARROW_DTYPES
-            and os.environ.get("ANCHORSPEC_NARROW_GRAPH", "on").lower() not in ("off", "0", "false", "no"))
+    from .hub import switched_on
+
+    return mask.device.type == "cpu" and mask.dtype in NARROW_DTYPES and switched_on("ANCHORSPEC_NARROW_GRAPH")
 
 
 def narrow_key(key: tuple[Path, str]) -> tuple[Path, str]:

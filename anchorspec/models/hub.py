@@ -30,6 +30,12 @@ def cache_home() -> Path:
     return Path(os.environ.get("ANCHORSPEC_HOME") or Path.home() / ".cache" / "anchorspec")
 
 
+def switched_on(name: str) -> bool:
+    """An on/off setting from the environment (ANCHORSPEC_REMEMBER, ANCHORSPEC_NARROW_GRAPH): on unless it says
+    off, 0, false or no."""
+    return os.environ.get(name, "on").lower() not in ("off", "0", "false", "no")
+
+
 def looks_like_path(target: str) -> bool:
     """A --target meant as a local path, not a hub id (`org/name` has exactly one '/' and no leading '.')."""
     parts = target.split("/")
