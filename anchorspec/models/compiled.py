@@ -253,11 +253,12 @@ def step_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[...,
     cached = read_narrow_verdict(verdict_key)
     if cached == 0:  # measured here before: the template's graph never won
         return wide
+
+    def one_row(tokens: int) -> tuple:  # what the two graphs are timed on
+        return example_of(rows=1, tokens=tokens, past=128, kept=tokens, slots=1, capacity=128 + tokens)
+
     try:
         narrow = aot_compile(owner, body, example, dynamic, twin, what + " for narrow steps", gemm="cpp")
-        def one_row(tokens: int) -> tuple:
-            return example_of(rows=1, tokens=tokens, past=128, kept=tokens, slots=1, capacity=128 + tokens)
-
         up_to = cached if cached is not None else narrow_up_to(narrow, wide, one_row, verdict_key)
     except Exception as e:  # noqa: BLE001 (the wide graph serves every step)
         print(f"anchorspec: {what} for narrow steps could not be compiled ({type(e).__name__}: "
