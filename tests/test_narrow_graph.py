@@ -67,6 +67,32 @@ def test_narrow_and_wide_graphs_decode_as_the_eager_target(narrow_pair):
     assert 2 in calls["narrow"] and 6 in calls["wide"]
 
 
+def test_short_prompts_are_prefilled_through_the_graph(narrow_pair, monkeypatch):
+    """An AOT-compiled target prefills a prompt of 2..GRAPH_PREFILL_TOKENS tokens through its step graph (one call of
+    the prompt's length), a longer one eagerly (no graph call of that length); the tokens are the eager target's
+    either way, plain and speculative, solo and in a batched round (whose prefills run alone in their slots)."""
+    import anchorspec.decode.batch as batch_module
+
+    target, calls = narrow_pair
+    eager = tiny_target("llama", dtype=torch.float32)
+    drafter = random_drafter(target)
+    cfg = GenerationConfig(max_new_tokens=6)
+    short, long = prompts(1, length=10)[0], prompts(2, length=14, seed=3)[0]
+    monkeypatch.setattr(batch_module, "GRAPH_PREFILL_TOKENS", 12)
+    for prompt in (short, long):
+        calls["narrow"].clear(), calls["wide"].clear()
+        ref = generate_vanilla(eager, prompt, cfg).token_ids
+        assert generate_vanilla(target, prompt, cfg).token_ids == ref
+        assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, TreeShape.chain(2)).token_ids == ref
+        prefilled = calls["wide"].count(prompt.numel())
+        assert prefilled == (2 if prompt.numel() <= 12 else 0), (prompt.numel(), calls["wide"])
+    calls["wide"].clear()
+    refs = [generate_vanilla(eager, p, cfg).token_ids for p in (short, long[:8])]  # each prefills alone into its slot
+    assert [r.token_ids for r in run_batched(BatchDecoder(target), [PlainDecoding(target, p, cfg)
+                                                                     for p in (short, long[:8])], start=2)] == refs
+    assert 10 in calls["wide"], calls["wide"]  # slot 0's prefill through the graph (it reads slots 0..B-1)
+
+
 def _sleeper(ms_at):
     import time
 
@@ -102,6 +128,16 @@ def test_the_crossover_is_measured_once_and_kept(tmp_path, monkeypatch, capsys):
     slow_at_one = _sleeper(lambda n: 4.0 if n == 1 else 0.3)  # faster at 2+, not at 1: never narrow
     assert narrow_up_to(slow_at_one, wide, _rows, key, sizes=(1, 2, 4), repeats=1) == 0
     assert json.loads(cached.read_text())["up_to"] == 0
+
+
+def test_the_crossover_is_timed_at_every_default_tree_size():
+    """The timing reaches the largest tree the shape chooser may pick (decode/shape.py: CANDIDATES), so that a machine
+    whose template wins at every size (with AMX it did, up to 64 rows) gives it trees too, not only chains."""
+    from anchorspec.decode.shape import CANDIDATES
+
+    largest = max(shape.total_tokens for shape in CANDIDATES)
+    assert max(compiled_module.NARROW_SIZES) >= largest, (compiled_module.NARROW_SIZES, largest)
+    assert list(compiled_module.NARROW_SIZES) == sorted(set(compiled_module.NARROW_SIZES))
 
 
 def _count_builds(monkeypatch, fail_cpp: bool = False):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import AnchorspecError
-from ..models.compiled import write_and_read
+from ..models.compiled import GRAPH_PREFILL_TOKENS, write_and_read
 from ..models.masks import additive_mask
 from ..models.target import Target
 from .tree import DraftTree
@@ -339,8 +339,10 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
     for b, tree in enumerate(trees):
         ids[b, :tree.size] = tree.tokens
         ids[b, tree.size:] = tree.tokens[0]  # any valid id: padding outputs are never read
-    # a compiled target runs decode and verify steps (not prefills) as static forwards: slots 0..B-1
-    static = target.compiled and not last_only and indices == list(range(len(indices)))
+    # a compiled target runs decode and verify steps as static forwards (slots 0..B-1), and an AOT-compiled one its
+    # prefills of up to GRAPH_PREFILL_TOKENS too (a graph's mask has at least 2 keys)
+    static = target.compiled and indices == list(range(len(indices))) and (
+        not last_only or target.aot and 2 <= width <= GRAPH_PREFILL_TOKENS)
     if len(trees) == 1 and trees[0].is_chain and not static:
         mask = None  # plain causal attention: the model's own mask (SDPA may need none at all)
     else:

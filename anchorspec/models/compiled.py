@@ -40,6 +40,13 @@ from ..errors import AnchorspecError
 # Xeon, session 46: ~18k). A run this long loses nothing by compiling with a drafter and gains without one.
 COMPILE_PAYS_AT = 16384
 
+# A prompt of 2..this many tokens is prefilled through the AOT step graph (the narrow twin up to its crossover), a
+# longer one eagerly: the graph attends through an additive mask, so its cost grows with the square of the prompt,
+# and SDPA's causal kernel wins on long prompts. Measured (prefill plus one step, bf16, 2 threads, 2-core AMX Xeon,
+# session 80): 16 tokens 34 vs 70 ms eager, 128: 63 vs 109, 384: 151 vs 185, 512: 209 vs 216; above that eager
+# varied (768: 368 vs 544, but prompts of 611-769 tokens prefilled level in a longer run; 2000: 998 vs 718).
+GRAPH_PREFILL_TOKENS = 512
+
 
 def graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process. A step during which it grew took tens of seconds
@@ -85,8 +92,10 @@ def static_cache_dims(cache) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
 # (inductor's C++ GEMM template alone: its micro-kernels at one or a few rows; the module docstring)
 GEMM_OPTIONS = {"onednn": {}, "cpp": {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}}
 NARROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the C++ template's (not float64: the tests')
-NARROW_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)  # new rows per step at which the two graphs are timed
-NARROW_VERDICT = 1  # bump when how the crossover is measured changes: cached verdicts are then measured again
+# new rows per step at which the two graphs are timed: up to the largest default trees (the AVX-512 EPYC's template
+# lost from 6 rows; with AMX it won at every size up to 64)
+NARROW_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+NARROW_VERDICT = 2  # bump when how the crossover is measured changes: cached verdicts are then measured again (2: up to 64 rows)
 
 AOT_FORMAT = 3  # bump when what a graph computes or takes changes: older files are then never loaded (2: the LM head selects rows in every graph; 3: grouped attention in graph_form's form)
 _aot_built = 0  # AOT graphs compiled or loaded in this process (graphs_compiled counts them)

@@ -7,6 +7,7 @@ primed apart on the same prompts; methods rotate per prompt.
 
     python benchmarks/results/s79/narrow_graph.py --limit 16 --per-workload 8 --out FILE.json [--dtype float32]
     ... --twin      # a second engine like `default_old` (method default_old2): the A/A spread
+    ... --capped 16 # (session 80) one more engine whose twins serve at most 16 new rows (method default_new16)
 """
 import json, os, sys
 from pathlib import Path
@@ -24,17 +25,21 @@ p.add_argument("--per-workload", type=int, default=8)
 p.add_argument("--workloads", default="sum,qa,humaneval")
 p.add_argument("--dtype", default="auto")
 p.add_argument("--twin", action="store_true")
+p.add_argument("--capped", type=int, default=0, help="also an engine whose twins serve at most this many new rows")
 p.add_argument("--skip", default="", help="comma-separated methods not to run (hf: the HF baseline)")
 args = p.parse_args()
 timed, priming = primed_prompts(args)
 T = "smollm2-135m-instruct"
 
 
-def engine(narrow: bool, drafter: bool):
+def engine(narrow: bool, drafter: bool, cap: int = 0):
     os.environ["ANCHORSPEC_NARROW_GRAPH"] = "on" if narrow else "off"
     e = load(T, args.drafter if drafter else None, dtype=args.dtype, threads=args.threads, compile=True,
              remember=False)
     e.warm_up()
+    if cap:  # the crossover as a timing range of 1-`cap` rows could find it at most
+        for graph in (e.target.load_graph(), *([e.drafter.load_graph()] if drafter else [])):
+            graph.up_to = min(graph.up_to, cap)
     return e
 
 
@@ -42,7 +47,10 @@ engines = {"plain_old": engine(False, False), "plain_new": engine(True, False),
            "default_old": engine(False, True), "default_new": engine(True, True)}
 if args.twin:
     engines["default_old2"] = engine(False, True)
-METHODS = [m for m in ["plain_old", "plain_new", "default_old", "default_new", "hf"] + (["default_old2"] if args.twin else [])
+capped = f"default_new{args.capped}" if args.capped else None
+if capped:
+    engines[capped] = engine(True, True, cap=args.capped)
+METHODS = [m for m in ["plain_old", "plain_new", "default_old", "default_new", "hf"] + (["default_old2"] if args.twin else []) + ([capped] if capped else [])
            if m not in args.skip.split(",")]
 stock = Engine(stock_twin(engines["plain_old"].target, T, engines["plain_old"].target.dtype)) if "hf" in METHODS else None
 tok = engines["plain_old"].tokenizer
