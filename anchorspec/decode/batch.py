@@ -245,9 +245,10 @@ class ForwardCache:
     (past_b: the slot's length, plus any speculative rows an earlier drafter level wrote) and
     returns rows [0, kv_len) of every slot.
 
-    `static_mask` (the forward's additive mask, for a compiled target): slots 0..B-1 only, writes
-    through index tensors and the key length read from the mask's last dimension, so no Python int
-    changes from step to step and one compiled graph serves every step of a shape."""
+    `static_mask` (the forward's additive mask, for a compiled target): slots 0..B-1, or one slot (the graph then
+    sees that slot's rows of every buffer as a one-slot cache: `buffers`), writes through index tensors and the key
+    length read from the mask's last dimension, so no Python int changes from step to step and one compiled graph
+    serves every step of a shape."""
 
     def __init__(self, kv: BatchKV, indices: list[int], past_lens: list[int], width: int, kv_len: int,
                  static_mask: torch.Tensor | None = None):
@@ -255,8 +256,9 @@ class ForwardCache:
         self.first, self.past = indices[0], past_lens[0]
         self.consecutive = indices == list(range(self.first, self.first + len(indices)))  # views, no gather
         self.static_mask = static_mask
-        if static_mask is not None and not (self.consecutive and self.first == 0):
-            raise AnchorspecError("a static ForwardCache needs slots 0..B-1")
+        if static_mask is not None and not (self.consecutive and self.first == 0 or self.batch == 1):
+            raise AnchorspecError("a static ForwardCache needs slots 0..B-1 or one slot")
+        self.base = self.first if static_mask is not None else 0  # slot b is row b - base of `buffers`
         # room for the new rows; a static forward gets a spare row: dynamo guards on whether its key slice
         # is the whole buffer (then contiguous), so a step that filled the buffer exactly compiled a graph
         # of its own mid-generation
@@ -265,11 +267,20 @@ class ForwardCache:
             device = kv.keys[0].device
             self.index = torch.tensor(indices, dtype=torch.long, device=device)
             past = torch.tensor(past_lens, dtype=torch.long, device=device)
-            self.rows, self.cols = self.index[:, None], past[:, None] + torch.arange(width, device=device)
+            self.rows, self.cols = self.index[:, None] - self.base, past[:, None] + torch.arange(width, device=device)
 
     @property
     def static(self) -> bool:  # Target.forward_rows runs a static forward through its compiled graph
         return self.static_mask is not None
+
+    @property
+    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The key and value buffers a static forward reads and writes: every slot's, or from slot `base` on (views:
+        its writes land in the shared buffers)."""
+        if not self.base:
+            return self.kv.keys, self.kv.values
+        return ([b.narrow(0, self.base, self.batch) for b in self.kv.keys],
+                [b.narrow(0, self.base, self.batch) for b in self.kv.values])
 
     # transformers' mask code asks these when it builds the causal mask itself (one row, no mask given)
     def get_query_offset(self, layer_idx: int = 0) -> int:
@@ -287,10 +298,11 @@ class ForwardCache:
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # HF Cache.update's signature (5.x passes kwargs=)
         out = []
+        if self.static_mask is not None:  # slots 0..B-1 (of `buffers`) and the key length: the mask's (dynamic) dimensions
+            keys, values = self.buffers
+            return tuple(write_and_read(buf[layer_idx], new, self.rows, self.cols, self.static_mask)
+                         for buf, new in ((keys, key_states), (values, value_states)))
         for buf, new in ((self.kv.keys[layer_idx], key_states), (self.kv.values[layer_idx], value_states)):
-            if self.static_mask is not None:  # slots 0..B-1 and the key length: the mask's (dynamic) dimensions
-                out.append(write_and_read(buf, new, self.rows, self.cols, self.static_mask))
-                continue
             if self.batch == 1:  # narrow + copy_: in place, no index tensors
                 buf[self.first].narrow(1, self.past, new.shape[2]).copy_(new[0])
             else:
@@ -340,9 +352,10 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
         ids[b, :tree.size] = tree.tokens
         ids[b, tree.size:] = tree.tokens[0]  # any valid id: padding outputs are never read
     # a compiled target runs decode and verify steps as static forwards (slots 0..B-1), and an AOT-compiled one its
-    # prefills of up to GRAPH_PREFILL_TOKENS too (a graph's mask has at least 2 keys)
-    static = target.compiled and indices == list(range(len(indices))) and (
-        not last_only or target.aot and 2 <= width <= GRAPH_PREFILL_TOKENS)
+    # prefills of up to GRAPH_PREFILL_TOKENS too, in slots 0..B-1 or in one slot (a graph's mask has at least 2 keys)
+    in_order = indices == list(range(len(indices)))
+    static = target.compiled and (in_order if not last_only else target.aot and 2 <= width <= GRAPH_PREFILL_TOKENS
+                                  and (in_order or len(indices) == 1))
     if len(trees) == 1 and trees[0].is_chain and not static:
         mask = None  # plain causal attention: the model's own mask (SDPA may need none at all)
     else:

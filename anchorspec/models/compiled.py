@@ -381,8 +381,9 @@ def run_static(graph: Callable, args: tuple, mask: torch.Tensor, cache) -> list[
     """`graph` (step_graph's) over a static ForwardCache: the graph reads its inputs at the strides it
     was traced with (contiguous); the buffers are always contiguous (BatchKV allocates them), and a copy
     of one would lose the writes."""
-    if not all(b.is_contiguous() for b in cache.kv.keys + cache.kv.values):
+    keys, values = cache.buffers  # every slot's, or views of one slot's rows (a prefill in that slot)
+    if not all(b.is_contiguous() for b in keys + values):
         raise AnchorspecError("the AOT graph needs contiguous key/value buffers")
     small = (*args, mask, cache.rows, cache.cols)
     *args, mask, rows, cols = (t.contiguous() for t in small)
-    return graph(tuple(args), mask, rows, cols, cache.kv.keys, cache.kv.values)
+    return graph(tuple(args), mask, rows, cols, keys, values)
