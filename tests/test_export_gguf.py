@@ -410,34 +410,36 @@ PROMPT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trai
           "<|im_start|>assistant\n")
 
 
-SEGFAULT = (-11, 139)  # llama.cpp's weight repacking (its CPU "extra buffer" kernels) crashed on an AMX host
+def run_llamacpp(argv: list, target: Path) -> subprocess.CompletedProcess:
+    """One llama.cpp run as benchmarks/peers.py runs it: where its weight repacking segfaults (on an AMX host it did),
+    once more with --no-repack, and every later run of that target without it (so plain and speculative compare
+    the same kernels); a failure raises."""
+    benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    import peers
+
+    return peers._run([str(a) for a in argv], target)
 
 
-def llamacpp_plain(target: Path, n: int, repack: bool = True) -> str:
+def llamacpp_plain(target: Path, n: int) -> str:
     """llama-completion's greedy continuation of PROMPT (one thread)."""
-    argv = [str(llamacpp_binary("llama-completion")), "-m", str(target), "-p", PROMPT, "-n", str(n), "--temp", "0",
-            "-t", "1", "-c", "1024", "-no-cnv", "--no-display-prompt"] + ([] if repack else ["--no-repack"])
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_llamacpp([llamacpp_binary("llama-completion"), "-m", target, "-p", PROMPT, "-n", n, "--temp", "0",
+                         "-t", "1", "-c", "1024", "-no-cnv", "--no-display-prompt"], target)
     return proc.stdout.rstrip("\n").removesuffix(" [end of text]").rstrip("\n")
 
 
-def llamacpp_speculative(target: Path, draft: Path, n: int, repack: bool = True) -> tuple[str, int, int, bool]:
-    """(continuation, drafted, accepted, repacked) of llama-speculative-simple with our draft GGUF, greedy, drafting
-    a chain of 3 every step as `anchorspec generate --chain 3` does (no confidence cut-off); run once more without
-    llama.cpp's weight repacking where that segfaulted (as benchmarks/peers.py does)."""
-    argv = [str(llamacpp_binary("llama-speculative-simple")), "-m", str(target), "-p", PROMPT, "-n", str(n),
-            "--temp", "0", "-t", "1", "-td", "1", "-c", "1024", "-md", str(draft), "--spec-type", "draft-eagle3",
-            "--spec-draft-n-max", "3", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-    proc = subprocess.run(argv + ([] if repack else ["--no-repack"]), capture_output=True, text=True, timeout=600)
-    if proc.returncode in SEGFAULT and repack:
-        return llamacpp_speculative(target, draft, n, repack=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def llamacpp_speculative(target: Path, draft: Path, n: int) -> tuple[str, int, int]:
+    """(continuation, drafted, accepted) of llama-speculative-simple with our draft GGUF, greedy, drafting a
+    chain of 3 every step as `anchorspec generate --chain 3` does (no confidence cut-off)."""
+    proc = run_llamacpp([llamacpp_binary("llama-speculative-simple"), "-m", target, "-p", PROMPT, "-n", n,
+                         "--temp", "0", "-t", "1", "-td", "1", "-c", "1024", "-md", draft, "--spec-type", "draft-eagle3",
+                         "--spec-draft-n-max", "3", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"], target)
     echoed = "\n\n" + PROMPT  # it prints the prompt first, then the continuation, then blank lines
     assert proc.stdout.startswith(echoed), proc.stdout[:300]
     drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", proc.stderr).group(1))
     accepted = int(re.search(r"n_accept\s*=\s*(\d+)", proc.stderr).group(1))
-    return proc.stdout[len(echoed):].rstrip("\n"), drafted, accepted, repack
+    return proc.stdout[len(echoed):].rstrip("\n"), drafted, accepted
 
 
 @pytest.mark.llamacpp
@@ -452,8 +454,8 @@ def test_llamacpp_accepts_our_drafts_and_stays_lossless(tmp_path, capsys, outtyp
     draft = tmp_path / "draft.gguf"
     rc, _, err = run_cli(["export", RELEASE, "--format", "gguf", "--out", draft, "--outtype", outtype], capsys)
     assert rc == 0, err
-    spec, drafted, accepted, repacked = llamacpp_speculative(target, draft, 96)
-    plain = llamacpp_plain(target, 96 + 8, repacked)  # the speculative loop may overshoot -n by its last accepted drafts
+    spec, drafted, accepted = llamacpp_speculative(target, draft, 96)
+    plain = llamacpp_plain(target, 96 + 8)  # the speculative loop may overshoot -n by its last accepted drafts
     assert drafted > 0 and accepted > 0, (drafted, accepted)
     assert len(spec) > 200 and plain.startswith(spec)  # T=0: speculation changes nothing in the output
 
