@@ -679,6 +679,7 @@ def cmd_serve(args) -> int:
 
         from .serve.app import create_app
         from .decode.fallback import DriftMonitor
+        from .serve.scheduler import BATCH_SHAPES
     except ImportError as exc:
         raise AnchorspecError(f"serving needs the serve extra: pip install 'anchorspec[serve]' ({exc.name} missing)")
     from .api import load
@@ -700,9 +701,11 @@ def cmd_serve(args) -> int:
     lookup = serve_lookup(args)
     app = create_app(engine, name, api_key=api_key, max_body_bytes=args.max_body_bytes, monitor=monitor,
                      shape=engine.shape if args.drafter else None, max_running=args.max_running,
-                     lookup=lookup)
+                     lookup=lookup, shapes=None if shape is not None else BATCH_SHAPES)
     chain = f", lookup chain of up to {lookup.max_tokens}" if lookup else ", no lookup chain"
-    mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source}){chain}" if args.drafter
+    batches = "" if shape is not None else ", or a chain of 1-4 where a round's batch size makes one faster"
+    mode = (f"speculative, draft shape {_shape_text(engine.shape)} ({engine.shape_source}){batches}{chain}"
+            if args.drafter
             else f"prompt lookup, chains of up to {lookup.max_tokens} copied from each request's text" if lookup
             else "plain decoding (no --drafter)")
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 ({mode})", file=sys.stderr)

@@ -18,8 +18,9 @@ import anchorspec.decode.engine as engine_module
 import anchorspec.decode.fallback as fallback_module
 from anchorspec.api import Engine
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
-from anchorspec.decode.fallback import (COST_WINDOW, EXPLORE_EVERY, EXPLORE_FLOOR, PACE_WINDOW, PRIOR_TREE_RATIO,
-                                        TREE_CANDIDATES, TREE_PRIOR_WEIGHT, DriftMonitor, StreamMonitor)
+from anchorspec.decode.fallback import (COST_WINDOW, EXPLORE_EVERY, EXPLORE_FLOOR, PACE_WINDOW, PRIOR_STEPS,
+                                        PRIOR_TREE_RATIO, TREE_CANDIDATES, TREE_PRIOR_WEIGHT, DriftMonitor,
+                                        StreamMonitor)
 from anchorspec.decode.propose import EagleProposer
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
@@ -939,7 +940,9 @@ def test_costs_follow_the_hosts_pace():
     tree step from prompt to prompt): the tree and chain 4, each drafted mostly when explored, are priced
     against each other at their true ratio at most prompts (median error < 2 %), because each step is held
     against its neighbours. In seconds as measured (the control) an explored shape is priced at another
-    moment's speed: the median error is over 10 %."""
+    moment's speed: a quarter of the prompts are priced over 10 % off (mean error 4.8 % against 0.9 %). (Before
+    session 81 the control's median error was over 10 %: a cost curve priced a measured point at its smaller
+    neighbour's cost where the host's pace had made the segment fall.)"""
     tree, chain4 = TreeShape(4, 4, 16), TreeShape.chain(4)
     truth = (1.1 + 0.25) / (1.0 + 0.2)
 
@@ -955,10 +958,12 @@ def test_costs_follow_the_hosts_pace():
         assert m.explored_shapes["4,4,16"] >= 3 and m.explored_shapes["1,4,5"] >= 3
         return seen
 
-    assert statistics.median(errors(calibrated_monitor(1.1))) < 0.02
+    paced = errors(calibrated_monitor(1.1))
+    assert statistics.median(paced) < 0.02 and statistics.fmean(paced) < 0.02
     in_seconds = calibrated_monitor(1.1)
     in_seconds.follow_pace = False
-    assert statistics.median(errors(in_seconds)) > 0.10
+    unpaced = errors(in_seconds)
+    assert statistics.fmean(unpaced) > 0.04 and sum(e > 0.10 for e in unpaced) >= 2 * sum(e > 0.10 for e in paced)
 
 
 def test_the_pace_is_set_by_the_streams_shape_against_the_median_of_its_first_steps():
@@ -1074,3 +1079,73 @@ def test_a_step_that_verified_only_a_copied_chain_teaches_the_verify_cost_and_no
     assert m.state()["acceptance"] != after["acceptance"] and m.state()["draft"] != after["draft"]
 
 
+
+
+def _priced_monitor(acceptance: float) -> tuple[DriftMonitor, tuple[TreeShape, ...]]:
+    """A server's monitor that chooses among a tree and two chains, each shape's rounds observed at 1, 4 and 16
+    rows on costs where a forward reads the weights once and then pays per token (a CPU's): a wide round costs
+    more the more rows it has. The drafter accepts `acceptance` of the drafts reaching each depth."""
+    chain1, chain2, tree = TreeShape.chain(1), TreeShape.chain(2), TreeShape(4, 4, 16)
+    monitor = DriftMonitor(smoothing=1.0)
+    monitor.shapes = (tree, chain1, chain2)
+    for rows in (1, 4, 16):
+        for shape in monitor.shapes:
+            monitor.shape = shape
+            monitor.observe_round(rows, 1, 0.010 + 0.0002 * rows)
+            monitor.observe_round(rows, shape.total_tokens, 0.010 + 0.0002 * rows * shape.total_tokens,
+                                  draft_rows=rows, draft_s=0.0005 * shape.depth * (1 + rows / 4))
+    monitor.reached, monitor.accepted = [1000] * 4, [round(1000 * acceptance)] * 4
+    return monitor, monitor.shapes
+
+
+def test_a_batch_drafts_the_shape_its_row_count_prices_fastest():
+    """Each shape's rounds are priced apart (its drafting and width); a round of B rows drafts the shape whose
+    expected tau over tau*(B) is best (here the tree alone, a chain of 2 at 16 rows), the current shape staying
+    unless another is SHAPE_MARGIN faster; before a window can judge, a request joining a batch at which no shape is
+    expected to pay starts plain, and one joining a lone request's batch speculates."""
+    monitor, (tree, chain1, chain2) = _priced_monitor(0.8)
+    assert monitor.threshold_at(16, tree) > 5 > 2 > monitor.threshold_at(16, chain2)  # priced apart
+    assert monitor.threshold_at(1, chain1) < monitor.threshold_at(1, chain2) < monitor.threshold_at(1, tree)
+    monitor.shape = chain1
+    assert monitor.shape_for_rows(1, monitor.shapes) == tree
+    assert monitor.shape_for_rows(16, monitor.shapes) == chain1  # chain 2 is faster, but by less than the margin
+    monitor.shape = tree
+    assert monitor.shape_for_rows(16, monitor.shapes) == chain2
+    assert monitor.shape_for_rows(1, monitor.shapes) == tree
+    assert monitor.new_request(rows=16).speculating  # chain 2 is expected at ~1.3x plain there
+
+    weak, _ = _priced_monitor(0.1)  # a drafter that fits no one: at 16 rows nothing pays, alone a chain of 1 does
+    assert max(weak.expected_speedup(16, s) for s in weak.shapes) < 1 < weak.expected_speedup(1, chain1)
+    assert not weak.new_request(rows=16).speculating and weak.new_request(rows=1).speculating
+    weak.shapes = ()  # one shape, not chosen: the window alone decides, as before (empty: speculate)
+    assert weak.new_request(rows=16).speculating
+
+
+def test_a_batch_with_a_tracked_shape_judges_its_pooled_lengths_shrunk_toward_the_shape_tau():
+    """A few pooled lengths say little: with a shape tracked they are shrunk toward its long-run tau as a stream's
+    window is (PRIOR_STEPS), so one unlucky round of 4 rows does not veto a shape expected to pay; many lengths
+    outweigh the prior. With no shape tracked (one shape, not chosen) the mean is judged raw."""
+    monitor, (_, _, chain2) = _priced_monitor(0.8)
+    monitor.shape = chain2
+    expected = monitor.expected_shape_tau(chain2)
+    assert expected == pytest.approx(1 + 0.8 + 0.64, abs=0.01)
+    few = monitor.pooled_tau([1, 1, 1, 1])
+    assert few == pytest.approx((4 * 1 + PRIOR_STEPS * expected) / (4 + PRIOR_STEPS))
+    assert few > monitor.threshold_at(4)  # still expected to pay: the batch keeps speculating
+    assert monitor.pooled_tau([1] * 256) < monitor.threshold_at(4)  # a whole batch's windows of misses: it stops
+    monitor.shape = None
+    assert monitor.pooled_tau([1, 1, 1, 1]) == 1.0
+
+
+def test_a_measured_point_is_its_own_cost_even_after_a_slower_smaller_one():
+    """Between measured points cost never falls, but a measured point is its own cost: one slow round at 12 rows must
+    not price every round of 16 rows, measured faster, at its time (a plain round priced at 2.3x its cost made every
+    wide round look cheap)."""
+    from anchorspec.decode.fallback import CostCurve
+
+    curve = CostCurve(smoothing=0.1)
+    for rows, seconds in ((1, 0.025), (4, 0.030), (12, 0.096), (16, 0.041)):
+        curve.add(rows, seconds)
+    assert curve(16) == 0.041 and curve(12) == 0.096
+    assert curve(14) == pytest.approx(0.096)  # between them, flat (never falling)
+    assert curve(8) == pytest.approx(0.030 + (0.096 - 0.030) * 4 / 8)

@@ -11,6 +11,7 @@ import torch
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative, generate_vanilla
 from anchorspec.decode.lookup import ContextLookup, LookupSettings, common_prefix, merge_chain
 from anchorspec.decode.propose import EagleProposer
+from anchorspec.decode.drafting import run_program
 from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams
 from anchorspec.decode.tree import DraftTree, TreeShape
@@ -262,3 +263,21 @@ def test_adaptive_depth_with_lookup_stays_lossless_and_learns_from_the_drafter(r
                                lookup=LOOKUP)
     assert res.token_ids == ref and res.stats.lookup_tokens > 0
     assert controller.shape().depth < 4  # it backed off: the chain's acceptance is not the drafter's
+
+
+def test_a_step_drafted_without_its_lookup_merges_no_chain_and_keeps_the_chain_length():
+    """draft(lookup=False), as a batched round that one row's chain would widen for every row drafts: no chain rows,
+    the lookup's adaptive length left as it was (not reset as after a step that found no chain), output the
+    target's."""
+    target = tiny_target("qwen2")
+    cfg = GenerationConfig(max_new_tokens=40)
+    dec = SpeculativeDecoding(target, EagleProposer(random_drafter(target)), PROMPTS[0], cfg, TreeShape.chain(2),
+                              lookup=LOOKUP)
+    dec.step()  # the prefill
+    while not dec.finished:
+        dec.lookup.limit = 7
+        tree = run_program(dec.draft(True, None, lookup=False))
+        logits, aux = dec._forward(tree, capture_aux=True)
+        report = dec.finish(logits, aux, 0.0)
+        assert report.lookup_rows == 0 and dec.lookup.limit == 7
+    assert dec.result().token_ids == generate_vanilla(target, PROMPTS[0], cfg).token_ids

@@ -1111,3 +1111,89 @@ def test_a_scheduler_probe_runs_its_few_rows_apart_and_every_output_stays_the_so
     probes = [shapes for shapes, flags in split_rounds if sum(flags) == 2 and len(shapes) == 2]
     assert probes and all(min(w for _, w in shapes) == 1 for shapes in probes)  # 2 rows apart from the plain rows
     assert outs == [reference[p, False].token_ids for p in PROMPTS]
+
+
+def test_rounds_that_change_their_draft_shape_keep_every_output_the_solo_one(dirs, reference):
+    """A scheduler with shapes to choose from (here made to change shape every round, each of BATCH_SHAPES and the
+    default tree in turn) drafts each round with the shape chosen, learns the drafter's acceptance from the
+    speculative steps, and every output is still plain greedy's; with one shape it passes none."""
+    from anchorspec.decode.fallback import GREEDY, shape_key
+    from anchorspec.serve.scheduler import BATCH_SHAPES
+
+    class Cycling(DriftMonitor):
+        def shape_for_rows(self, rows, shapes):
+            self.calls = getattr(self, "calls", 0) + 1
+            return shapes[self.calls % len(shapes)]
+
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    outs, drafted = {}, {}
+    for shapes in (BATCH_SHAPES, None):
+        monitor = Cycling(threshold=1.0, retry_after=10**6)  # tau >= 1 always pays: every round speculates
+        scheduler = Scheduler(engine, monitor=monitor, calibrate=False, shapes=shapes)
+        real_round, seen = scheduler.decoder.round, []
+
+        def recording(items, split=False, **kw):
+            result = real_round(items, split, **kw)
+            seen.append((kw.get("shape"), result.width))
+            return result
+
+        scheduler.decoder.round = recording
+        loop = asyncio.new_event_loop()
+        try:
+            for p in PROMPTS[:4]:
+                scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop)
+            running = []
+            while scheduler._running or scheduler._waiting:
+                scheduler._admit()
+                running += [seq for seq in scheduler._running if seq not in running]
+                scheduler._round()
+                for seq in list(scheduler._running):
+                    if seq.decoding.finished:
+                        scheduler._finish(seq, "ok")
+            outs[shapes] = [seq.decoding.result().token_ids for seq in running]
+        finally:
+            loop.close()
+        drafted[shapes] = {shape_key(s) for s, _ in seen if s is not None}
+        widths = {s: [w for shape, w in seen if shape == s and w] for s in scheduler.shapes}
+        if shapes:  # each round's trees are the shape it chose (a chain of 1: 2 rows a sequence, at most)
+            assert max(widths[BATCH_SHAPES[0]]) <= 2 and max(widths[DEFAULT_TREE]) > 5
+        learned = sum(monitor.learned[GREEDY].reached)
+        assert learned > 0 if shapes else learned == 0
+    assert drafted[BATCH_SHAPES] == {shape_key(s) for s in (*BATCH_SHAPES, DEFAULT_TREE)} and drafted[None] == set()
+    for got in outs.values():
+        assert got == [reference[p, False].token_ids for p in PROMPTS[:4]]
+
+
+def test_a_server_choosing_shapes_merges_lookup_chains_only_into_a_lone_request_round(dirs, reference):
+    """One row's copied chain would widen every row of a batched round: a scheduler choosing its shapes per batch
+    size merges lookup chains only while one request decodes; outputs stay plain greedy's either way."""
+    from anchorspec.serve.scheduler import BATCH_SHAPES
+
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    monitor = DriftMonitor(threshold=1.0, retry_after=10**6)  # every round speculates
+    scheduler = Scheduler(engine, monitor=monitor, calibrate=False, shapes=BATCH_SHAPES, lookup=LookupSettings())
+    real_round, merged = scheduler.decoder.round, {1: 0, 2: 0}
+
+    def recording(items, split=False, **kw):
+        result = real_round(items, split, **kw)
+        if result.rows:
+            merged[min(result.rows, 2)] += sum(r.lookup_rows for r in result.reports if isinstance(r, StepReport))
+        return result
+
+    scheduler.decoder.round = recording
+    loop = asyncio.new_event_loop()
+    outs = []
+    try:
+        for group in (PROMPTS[3:4], PROMPTS[:4]):  # alone, then four together
+            handles = [scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop) for p in group]
+            running = []
+            while scheduler._running or scheduler._waiting:
+                scheduler._admit()
+                running += [seq for seq in scheduler._running if seq not in running]
+                scheduler._round()
+            outs.append([seq.decoding.result().token_ids for seq in running])
+            assert len(handles) == len(running)
+    finally:
+        loop.close()
+    assert merged[1] > 0 and merged[2] == 0
+    assert outs == [[reference[p, False].token_ids for p in group] for group in (PROMPTS[3:4], PROMPTS[:4])]

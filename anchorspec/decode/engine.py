@@ -184,6 +184,7 @@ class SpeculativeDecoding:
         self.lookup = ContextLookup(lookup) if lookup is not None else None
         # the drafter's tree, the chain merged into it, and how long the chain was found (before a batch's cap)
         self._lookup_step: tuple[DraftTree, list[int], int] | None = None
+        self._lookup_skipped = False  # the prepared step drafted without the lookup (draft's `lookup`)
         self.ids = _check_prompt(target, prompt_ids, cfg)
         self.stats = GenerationStats(prompt_tokens=self.ids.numel())
         self.gen = cfg.generator()
@@ -320,10 +321,12 @@ class SpeculativeDecoding:
         `shape`: this step's draft shape instead of the sequence's (not with an adaptive depth)."""
         return run_program(self.draft(speculate, shape))
 
-    def draft(self, speculate: bool = True, shape: TreeShape | None = None) -> Program:
+    def draft(self, speculate: bool = True, shape: TreeShape | None = None, lookup: bool = True) -> Program:
         """`prepare` as a program of drafter passes (decode/drafting.py), so that a BatchDecoder can
-        run the passes of many sequences together. Its driver runs it under inference_mode."""
+        run the passes of many sequences together. Its driver runs it under inference_mode. `lookup` False: this
+        step drafts without the lookup chain (a batched round that one row's chain would widen for every row)."""
         self._check_step()
+        self._lookup_skipped = self.lookup is not None and not lookup
         if not self.started:
             raise AnchorspecError("prefill first: the first step() runs the prompt")
         t = time.perf_counter()
@@ -338,8 +341,8 @@ class SpeculativeDecoding:
         step_shape = shape.capped(self.out.remaining - 1) if speculate and self.proposer is not None else None
         if step_shape is None:  # nothing to draft (no proposer, no room, or speculation is off): the root alone
             root = self._root()
-            return self._begin(self._merge_lookup(root) if self._looks_up_alone(speculate) else root, t)
-        chain = self._copied_chain() if self.lookup is not None else []
+            return self._begin(self._merge_lookup(root) if lookup and self._looks_up_alone(speculate) else root, t)
+        chain = self._copied_chain() if self.lookup is not None and lookup else []
         if chain and not explored and self._chain_alone_pays(len(chain)):
             return self._begin(self._merge_lookup(self._root(), chain), t)
         if hasattr(self.proposer, "propose_passes"):
@@ -482,7 +485,7 @@ class SpeculativeDecoding:
         if self._lookup_step is not None:
             (drafted_by, chain, found), self._lookup_step = self._lookup_step, None
             lookup_rows = tree.size - drafted_by.size
-        elif self.lookup is not None and tree.size > 1:
+        elif self.lookup is not None and tree.size > 1 and not self._lookup_skipped:
             self.lookup.observe(None)  # no match this step
         # the accepted path within the drafter's nodes (a lookup chain's own nodes come after all of them): what
         # the drafter's acceptance is learnt from, by the monitor and an adaptive depth

@@ -45,6 +45,11 @@ every row's missed features, for nothing (session 33: at 16 users a speculative 
 plain rounds for ~2 tokens a row, and such rounds were all a drafter server lost to a plain one).
 The forward apart (session 34) is what makes a probe at 16 users cheap: a few rows draft, catch
 up and verify while the others take their plain step, instead of all of them.
+A server may choose each round's draft shape among several (`shapes`, `shape_for_rows`): each shape's drafting
+curve and width are its own, the drafter's acceptance per depth is learned from the speculative steps as a stream's
+is (below), and a round of B rows drafts the shape whose expected tau over its tau*(B) is best; while a shape is
+tracked, windows and the pooled lengths are judged shrunk toward its long-run tau (judged_tau, pooled_tau), and a
+new request joining a batch at which no shape is expected to pay starts plain before any window can say so.
 
 Lossless either way (plain steps are verified target tokens). Seeded sampling stays
 reproducible only while no switch happens: a switch changes how the random stream is consumed.
@@ -196,6 +201,10 @@ class CostCurve:
     def __call__(self, x: float) -> float | None:
         if not self.points:
             return None
+        own = self.points.get(cost_bucket(x))
+        if own is not None and own[0] == x:  # a measured point is its own cost, even below a smaller x's: a slow
+            # first round at 12 rows (96 ms) had made 16 rows' (41 ms) cost 96 as the end of a falling segment (s81)
+            return own[1]
         pts = [self.points[b] for b in sorted(self.points)]
         if len(pts) == 1:
             return pts[0][1]
@@ -244,6 +253,40 @@ def at_least(verify: float, plain: float) -> float:
     return max(verify, plain)
 
 
+@dataclass
+class Acceptance:
+    """What one regime's verified drafts taught: per depth d, the drafts that reached d with d - 1
+    accepted and those whose depth-d token was accepted; per tree shape, [steps, accepted, accepted
+    by its top-1 chain]."""
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    trees: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {"reached": list(self.reached), "accepted": list(self.accepted),
+                "trees": {k: list(v) for k, v in self.trees.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Acceptance":
+        """Raises ValueError (or the parse errors restore() catches) on counts no state could hold."""
+        reached, accepted = [int(n) for n in data["reached"]], [int(n) for n in data["accepted"]]
+        trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in data["trees"].items()}
+        if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
+                or any(len(v) != 3 or min(v) < 0 for v in trees.values())):
+            raise ValueError("inconsistent acceptance counts")
+        return cls(reached, accepted, trees)
+
+
+def _selected(name: str, doc: str) -> property:
+    """A monitor attribute that is the selected regime's Acceptance field `name`."""
+    return property(lambda self: getattr(self.learned[self.regime], name),
+                    lambda self, value: setattr(self.learned[self.regime], name, value), doc=doc)
+
+
+def shape_key(shape: TreeShape) -> str:
+    return f"{shape.top_k},{shape.depth},{shape.total_tokens}"
+
+
 PROBE_MARGIN = 0.1  # retries are skipped while the global tau is this far (relative) below tau*
 PROBE_BACKOFF = 8  # ... but at least every PROBE_BACKOFF * retry_after rounds: the traffic may have changed
 # Each such forced probe doubles the wait for the next one, up to 2**PROBE_DOUBLINGS times max_retry_after, until a
@@ -273,13 +316,46 @@ class DriftMonitor:
         self.global_min_steps = min(global_min_steps, global_window)
         self.fixed_threshold, self.enabled = threshold, enabled
         self.standard_errors = 1.0  # a stream switches off when its window's mean + this many standard errors < tau*
-        self.forward, self.drafting = ForwardCosts(smoothing), CostCurve(smoothing)
+        self.smoothing = smoothing
+        self.forward = ForwardCosts(smoothing)
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
-        self.width: int | None = None  # padded width of the latest round that drafted: the W of tau*(B)
+        # the draft shape rounds draft with (None: one shape, never chosen); tau*(B) prices its drafting(B), a curve
+        # per shape, and its width W (`drafting`, `width`)
+        self.shape: TreeShape | None = None
+        self._drafting: dict[str | None, CostCurve] = {}
+        self._latest_width: int | None = None  # the padded width of the latest round that drafted
+        self.shapes: tuple[TreeShape, ...] = ()  # the shapes a server chooses among per round (shape_for_rows)
+        # with a shape tracked, windows are judged shrunk toward its long-run tau as if this many more steps had come
+        # in at it (PRIOR_STEPS' comment); 0: a window judged on its own (the rule before session 56)
+        self.prior_steps = PRIOR_STEPS
+        # what verified drafts taught of the drafter's acceptance, per sampling regime (REGIMES' comment)
+        self.learned: dict[str, Acceptance] = {regime: Acceptance() for regime in REGIMES}
+        self.regime = GREEDY
         self.recent: deque = deque(maxlen=global_window)  # every request's steps
         self.recent_by_regime: dict[str, deque] = {regime: deque(maxlen=global_window) for regime in REGIMES}
         self.switches_off = self.switches_on = 0
         self.rounds = 0
+
+    @property
+    def _key(self) -> str | None:
+        return None if self.shape is None else shape_key(self.shape)
+
+    @property
+    def drafting(self) -> CostCurve:
+        """drafting(B) of the current shape's rounds."""
+        if self._key not in self._drafting:
+            self._drafting[self._key] = CostCurve(self.smoothing)
+        return self._drafting[self._key]
+
+    @property
+    def width(self) -> int | None:
+        """The padded width tau*(B) prices: the latest drafting round's (None: none yet); with a shape tracked, the
+        shape's own (its rounds' trees, not one cut short near a token limit or widened by a lookup chain)."""
+        return self.shape.total_tokens if self.shape is not None else self._latest_width
+
+    @width.setter
+    def width(self, value: int) -> None:
+        self._latest_width = value
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_round(self, rows: int, width: int, forward_s: float, draft_rows: int = 0,
@@ -301,16 +377,38 @@ class DriftMonitor:
                 self.drafting.add(draft_rows, draft_s)
             self.width = width
 
-    def threshold_at(self, rows: int) -> float | None:
-        """tau*(rows) (see the module docstring); None until both round kinds have been measured."""
+    def threshold_at(self, rows: int, shape: TreeShape | None = None) -> float | None:
+        """tau*(rows) (see the module docstring) of drafting with `shape` (None: the current shape); None until
+        both round kinds have been measured."""
         if self.fixed_threshold is not None:
             return self.fixed_threshold
-        if self.width is None:
+        shape = shape or self.shape
+        key = None if shape is None else shape_key(shape)
+        width, curve = (self.width if shape is None else shape.total_tokens), self._drafting.get(key)
+        if width is None or curve is None:
             return None
-        plain, verify, drafting = self.forward(rows, 1), self.forward(rows, self.width), self.drafting(rows)
+        plain, verify, drafting = self.forward(rows, 1), self.forward(rows, width), curve(rows)
         if not plain or verify is None or drafting is None:
             return None
         return (drafting + at_least(verify, plain)) / plain
+
+    def expected_speedup(self, rows: int, shape: TreeShape) -> float | None:
+        """Expected tokens per second of rounds of `rows` rows drafting with `shape` over plain rounds, on the cost
+        curves and the selected regime's acceptance (expected_shape_tau); None while a cost is unknown."""
+        tstar = None if self.fixed_threshold is not None else self.threshold_at(rows, shape)
+        return None if tstar is None else self.expected_shape_tau(shape) / tstar
+
+    def shape_for_rows(self, rows: int, shapes) -> TreeShape | None:
+        """Of `shapes`, the one expected fastest in a round of `rows` rows (expected_speedup; shapes not priced yet
+        are passed over); the current shape stays unless another is expected SHAPE_MARGIN faster. A round's width
+        costs more the more rows it has (16 rows of a 16-node tree: 4.4x a plain round on the AMX Xeon, bf16,
+        1 thread, session 81), so a batch's best draft is shallower than a lone request's."""
+        priced = [(value, shape) for shape in shapes if (value := self.expected_speedup(rows, shape)) is not None]
+        if not priced:
+            return self.shape
+        best_value, best = max(priced, key=lambda p: p[0])
+        kept = next((value for value, shape in priced if shape == self.shape), None)
+        return self.shape if kept is not None and kept * (1 + SHAPE_MARGIN) >= best_value else best
 
     @property
     def threshold(self) -> float | None:
@@ -343,7 +441,87 @@ class DriftMonitor:
     def global_speculating_at(self, rows: int | None = None, regime: str | None = None) -> bool:
         """Whether a new request of `regime` (gate_window) joining a batch of `rows` starts speculating
         (None: the latest round's)."""
+        if len(self.gate_window(regime)) < self.global_min_steps and not self._might_pay(rows or self.rows, regime):
+            return False
         return self._pays(self.gate_tau(regime), len(self.gate_window(regime)), self.global_min_steps, rows)
+
+    def _might_pay(self, rows: int, regime: str | None) -> bool:
+        """Before the recent steps can say: whether any of a server's shapes is expected to pay at `rows` rows on
+        the costs and the acceptance learned so far (the prior's before any). True with no shapes to choose from,
+        or none priced. At 16 rows no draft shape paid on the AMX Xeon (session 81), and a burst of new
+        requests that all started speculating cost a round of 16 trees: 285 ms against 42 for a plain one."""
+        if not self.shapes or not self.enabled or self.fixed_threshold is not None:
+            return True
+        if regime is not None:
+            self.regime = regime
+        values = [value for shape in self.shapes if (value := self.expected_speedup(rows, shape)) is not None]
+        return not values or max(values) >= 1
+
+    # --- acceptance -------------------------------------------------------------------------------
+    def select(self, sampling: SamplingParams) -> str:
+        """Price and judge what follows (shapes, break-even, the global window) on the acceptance that
+        steps decoded like `sampling` measured; returns the regime."""
+        self.regime = regime_of(sampling)
+        return self.regime
+
+    # the selected regime's Acceptance, read and written as the monitor's own
+    reached = _selected("reached", "Verified drafts that reached depth d with d - 1 accepted (the selected regime's).")
+    accepted = _selected("accepted", "... and whose depth-d token was accepted.")
+    trees = _selected("trees", "Tree shape -> [steps, accepted, accepted by its top-1 chain].")
+
+    def learn_acceptance(self, tree: TreeShape | None, depth: int, accepted: int, top_ranked: int | None = None,
+                         top_depth: int | None = None) -> None:
+        """What a verified draft says of acceptance: a chain of `depth` (`tree` None) accepted `accepted`
+        tokens; a tree's step also says what its top-1 chain had accepted (observe_step's arguments)."""
+        if tree is not None:
+            key = shape_key(tree)
+            if top_ranked is None:
+                return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
+            counts = self.trees.setdefault(key, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += accepted
+            counts[2] += top_ranked
+            accepted, depth = top_ranked, top_depth if top_depth is not None else depth  # its top-1 chain's step
+        while len(self.reached) < depth:
+            self.reached.append(0)
+            self.accepted.append(0)
+        for d in range(1, depth + 1):
+            self.reached[d - 1] += accepted >= d - 1
+            self.accepted[d - 1] += accepted >= d
+
+    def acceptance(self, depth: int) -> float:
+        """P(the depth-d token is accepted | depth d - 1 was): measured, shrunk toward the prior; a
+        depth never reached takes the deepest measured rate (drafts rarely get better with depth)."""
+        rate = PRIOR_ACCEPTANCE
+        for d in range(1, depth + 1):
+            if d <= len(self.reached):
+                rate = (PRIOR_ACCEPTANCE * PRIOR_WEIGHT + self.accepted[d - 1]) / (PRIOR_WEIGHT + self.reached[d - 1])
+        return rate
+
+    def measured_depth(self) -> int:
+        """The deepest draft level whose acceptance rests on at least PRIOR_WEIGHT verified drafts."""
+        return max((d for d, n in enumerate(self.reached, start=1) if n >= PRIOR_WEIGHT), default=0)
+
+    def expected_tau(self, depth: int) -> float:
+        """1 + sum over d of P(the first d drafted tokens are all accepted), for a chain of `depth`."""
+        tau, reach = 1.0, 1.0
+        for d in range(1, depth + 1):
+            reach *= self.acceptance(d)
+            tau += reach
+        return tau
+
+    def tree_ratio(self, shape) -> float:
+        """A tree's accepted tokens per token its top-1 chain had accepted in the same steps: measured,
+        shrunk toward the regime's prior (TREE_CANDIDATES' comment)."""
+        steps, accepted, top = self.trees.get(shape_key(shape), (0, 0, 0))
+        prior = PRIOR_TREE_RATIO[self.regime]
+        return (prior * TREE_PRIOR_WEIGHT + accepted) / (TREE_PRIOR_WEIGHT + top)
+
+    def expected_shape_tau(self, shape) -> float:
+        """Expected tokens per step of drafting with `shape`: a chain's from its per-depth acceptance,
+        a tree's as its top-1 chain's scaled by `tree_ratio`."""
+        chain = self.expected_tau(shape.depth)
+        return chain if shape.is_chain else 1 + (chain - 1) * self.tree_ratio(shape)
 
     # --- per request ----------------------------------------------------------------------------
     def new_request(self, rows: int | None = None, batch_plain: bool = False, regime: str = GREEDY) -> RequestState:
@@ -380,8 +558,26 @@ class DriftMonitor:
 
     def judged_tau(self, state: RequestState) -> float | None:
         """The tau a speculating request's window is judged on (below tau* it switches off): its upper tau
-        (RequestState.upper_tau). StreamMonitor shrinks it toward the stream's long-run tau first."""
-        return state.upper_tau(self.standard_errors)
+        (RequestState.upper_tau); with a shape tracked (a stream's, or a server's that chooses shapes), the window's
+        mean shrunk toward that shape's long-run tau (PRIOR_STEPS' comment), plus `standard_errors` of the window's
+        own share: n / (n + prior_steps) of its standard error."""
+        n = len(state.window)
+        if not n or self.shape is None or not self.prior_steps:
+            return state.upper_tau(self.standard_errors)
+        weight = n / (n + self.prior_steps)
+        spread = statistics.stdev(state.window) if n > 1 else 0.0
+        return (weight * statistics.fmean(state.window) + (1 - weight) * self.expected_shape_tau(self.shape)
+                + self.standard_errors * weight * spread / n ** 0.5)
+
+    def pooled_tau(self, lengths: list[int]) -> float:
+        """What a batch's pooled accepted lengths say its rounds' tau is: their mean, shrunk toward the current
+        shape's long-run tau like a window (judged_tau) when a shape is tracked. At 4 rows one round's 4 lengths
+        judged raw vetoed a chain of 3 expected at 1.18x plain in two rounds of three (session 81)."""
+        mean = statistics.fmean(lengths)
+        if self.shape is None or not self.prior_steps:
+            return mean
+        weight = len(lengths) / (len(lengths) + self.prior_steps)
+        return weight * mean + (1 - weight) * self.expected_shape_tau(self.shape)
 
     def start_round(self, states: list[RequestState]) -> list[RequestState]:
         """Call once per scheduler round with the running requests' states; returns those that
@@ -445,7 +641,7 @@ class DriftMonitor:
         known = [length for s in states for length in s.window]
         tstar = self.threshold_at(len(states))
         if tstar is not None and len(known) >= self.min_steps:
-            if statistics.fmean(known) >= tstar:
+            if self.pooled_tau(known) >= tstar:
                 return [True] * len(states)
             if not probing:
                 return [False] * len(states)
@@ -556,40 +752,6 @@ STATE_VERSION = 3  # bump when StreamMonitor.state() changes meaning (3: accepta
 PRIOR_STEPS = 8
 
 
-@dataclass
-class Acceptance:
-    """What one regime's verified drafts taught: per depth d, the drafts that reached d with d - 1
-    accepted and those whose depth-d token was accepted; per tree shape, [steps, accepted, accepted
-    by its top-1 chain]."""
-    reached: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    trees: dict[str, list[int]] = field(default_factory=dict)
-
-    def as_json(self) -> dict:
-        return {"reached": list(self.reached), "accepted": list(self.accepted),
-                "trees": {k: list(v) for k, v in self.trees.items()}}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Acceptance":
-        """Raises ValueError (or the parse errors restore() catches) on counts no state could hold."""
-        reached, accepted = [int(n) for n in data["reached"]], [int(n) for n in data["accepted"]]
-        trees = {shape_key(TreeShape.parse(k)): [int(n) for n in v] for k, v in data["trees"].items()}
-        if (len(reached) != len(accepted) or any(a > r or a < 0 for a, r in zip(accepted, reached))
-                or any(len(v) != 3 or min(v) < 0 for v in trees.values())):
-            raise ValueError("inconsistent acceptance counts")
-        return cls(reached, accepted, trees)
-
-
-def _selected(name: str, doc: str) -> property:
-    """A StreamMonitor attribute that is the selected regime's Acceptance field `name`."""
-    return property(lambda self: getattr(self.learned[self.regime], name),
-                    lambda self, value: setattr(self.learned[self.regime], name, value), doc=doc)
-
-
-def shape_key(shape: TreeShape) -> str:
-    return f"{shape.top_k},{shape.depth},{shape.total_tokens}"
-
-
 # A greedy stream's step whose context lookup found a chain may verify that chain alone instead of the drafter's tree
 # with the chain merged in (ChainChoice): in a repetition the copied chain accepts what the drafter would, for a verify
 # of fewer rows and no drafter passes. Skipping the drafter whenever a chain of 4+ was found ran 1.09x the defaults
@@ -683,11 +845,7 @@ class StreamMonitor(DriftMonitor):
                          global_min_steps, max_retry_after)
         # seconds per step of N tokens / drafting depth d
         self.verify, self.draft = CostCurve(smoothing, cost_window), CostCurve(smoothing, cost_window)
-        self.smoothing, self.cost_window = smoothing, cost_window
-        self.shape = None  # the TreeShape the stream drafts with: the one its break-even is for
-        # acceptance and the global window per sampling regime (REGIMES' comment); costs are shared
-        self.learned: dict[str, Acceptance] = {regime: Acceptance() for regime in REGIMES}
-        self.regime = GREEDY
+        self.cost_window = cost_window  # self.shape: the TreeShape the stream drafts with, its break-even's
         # tree shape -> its drafting time, a curve over its depth (one point; provisional: the calibration's)
         self.tree_draft: dict[str, CostCurve] = {}
         self.calibrated = False
@@ -700,7 +858,6 @@ class StreamMonitor(DriftMonitor):
         self.pace_samples: deque = deque(maxlen=PACE_WINDOW)  # the shape's recent steps' time over its unit cost
         self.unit: tuple[str, float] | None = None  # the shape that sets the pace, and its cost held fixed
         self.unit_steps: list[tuple[str, float]] = []  # a new shape's first steps (paced), measuring its unit
-        self.prior_steps = PRIOR_STEPS  # 0: a window judged on its own (the rule before session 56)
         # a stream's probe is a few drafted steps, not a batch's catch-up; waits growing to 4,096 steps would keep a
         # drafter off for dozens of prompts after the traffic changed: forced probes stay every max_retry_after
         self.probe_doublings = 0
@@ -710,21 +867,9 @@ class StreamMonitor(DriftMonitor):
         # nothing changed elsewhere (session 78), so 0
         self.chain_margin = 0.0
 
-    # --- sampling regimes -------------------------------------------------------------------------
-    def select(self, sampling: SamplingParams) -> str:
-        """Price and judge what follows (shapes, break-even, the global window) on the acceptance that
-        steps decoded like `sampling` measured; returns the regime."""
-        self.regime = regime_of(sampling)
-        return self.regime
-
     def gate_window(self, regime: str | None = None) -> deque:
         """A stream is gated, and its probes judged, on its selected regime's recent steps (None)."""
         return super().gate_window(self.regime if regime is None else regime)
-
-    # the selected regime's Acceptance, read and written as the monitor's own
-    reached = _selected("reached", "Verified drafts that reached depth d with d - 1 accepted (the selected regime's).")
-    accepted = _selected("accepted", "... and whose depth-d token was accepted.")
-    trees = _selected("trees", "Tree shape -> [steps, accepted, accepted by its top-1 chain].")
 
     # --- costs ----------------------------------------------------------------------------------
     def observe_step(self, kind: str, tokens: int, depth: int, accepted: int, step_s: float, draft_s: float,
@@ -768,37 +913,6 @@ class StreamMonitor(DriftMonitor):
             draft_curve.add(depth, draft_s)
         self.learn_acceptance(shape if tree else None, depth, accepted, top_ranked, top_depth)
 
-    def learn_acceptance(self, tree: TreeShape | None, depth: int, accepted: int, top_ranked: int | None = None,
-                         top_depth: int | None = None) -> None:
-        """What a verified draft says of acceptance: a chain of `depth` (`tree` None) accepted `accepted`
-        tokens; a tree's step also says what its top-1 chain had accepted (observe_step's arguments)."""
-        if tree is not None:
-            key = shape_key(tree)
-            if top_ranked is None:
-                return  # a tree step that does not say what its top-1 chain had accepted teaches nothing
-            counts = self.trees.setdefault(key, [0, 0, 0])
-            counts[0] += 1
-            counts[1] += accepted
-            counts[2] += top_ranked
-            accepted, depth = top_ranked, top_depth if top_depth is not None else depth  # its top-1 chain's step
-        while len(self.reached) < depth:
-            self.reached.append(0)
-            self.accepted.append(0)
-        for d in range(1, depth + 1):
-            self.reached[d - 1] += accepted >= d - 1
-            self.accepted[d - 1] += accepted >= d
-
-    def judged_tau(self, state: RequestState) -> float | None:
-        """The window's mean shrunk toward the long-run tau of the stream's shape (PRIOR_STEPS' comment), plus
-        `standard_errors` of the window's own share: n / (n + prior_steps) of its standard error."""
-        n = len(state.window)
-        if not n or self.shape is None or not self.prior_steps:
-            return super().judged_tau(state)
-        weight = n / (n + self.prior_steps)
-        spread = statistics.stdev(state.window) if n > 1 else 0.0
-        return (weight * statistics.fmean(state.window) + (1 - weight) * self.expected_shape_tau(self.shape)
-                + self.standard_errors * weight * spread / n ** 0.5)
-
     def pace(self) -> float:
         """How much slower than its unit cost the stream's shape ran its last PACE_WINDOW steps (PACE_WINDOW's
         comment; 1 before any, or with follow_pace off): what a new step's time is divided by."""
@@ -821,40 +935,6 @@ class StreamMonitor(DriftMonitor):
         if key not in self.tree_draft:
             self.tree_draft[key] = CostCurve(self.smoothing, self.cost_window)
         return self.tree_draft[key]
-
-    def acceptance(self, depth: int) -> float:
-        """P(the depth-d token is accepted | depth d - 1 was): measured, shrunk toward the prior; a
-        depth never reached takes the deepest measured rate (drafts rarely get better with depth)."""
-        rate = PRIOR_ACCEPTANCE
-        for d in range(1, depth + 1):
-            if d <= len(self.reached):
-                rate = (PRIOR_ACCEPTANCE * PRIOR_WEIGHT + self.accepted[d - 1]) / (PRIOR_WEIGHT + self.reached[d - 1])
-        return rate
-
-    def measured_depth(self) -> int:
-        """The deepest draft level whose acceptance rests on at least PRIOR_WEIGHT verified drafts."""
-        return max((d for d, n in enumerate(self.reached, start=1) if n >= PRIOR_WEIGHT), default=0)
-
-    def expected_tau(self, depth: int) -> float:
-        """1 + sum over d of P(the first d drafted tokens are all accepted), for a chain of `depth`."""
-        tau, reach = 1.0, 1.0
-        for d in range(1, depth + 1):
-            reach *= self.acceptance(d)
-            tau += reach
-        return tau
-
-    def tree_ratio(self, shape) -> float:
-        """A tree's accepted tokens per token its top-1 chain had accepted in the same steps: measured,
-        shrunk toward the regime's prior (TREE_CANDIDATES' comment)."""
-        steps, accepted, top = self.trees.get(shape_key(shape), (0, 0, 0))
-        prior = PRIOR_TREE_RATIO[self.regime]
-        return (prior * TREE_PRIOR_WEIGHT + accepted) / (TREE_PRIOR_WEIGHT + top)
-
-    def expected_shape_tau(self, shape) -> float:
-        """Expected tokens per step of drafting with `shape`: a chain's from its per-depth acceptance,
-        a tree's as its top-1 chain's scaled by `tree_ratio`."""
-        chain = self.expected_tau(shape.depth)
-        return chain if shape.is_chain else 1 + (chain - 1) * self.tree_ratio(shape)
 
     def draft_cost(self, shape) -> float | None:
         curve = self.draft if shape.is_chain else self.tree_draft.get(shape_key(shape))

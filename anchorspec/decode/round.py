@@ -38,7 +38,7 @@ from ..models.target import Target
 from .batch import BatchKV, batch_forward
 from .drafting import run_lockstep
 from .engine import SpeculativeDecoding, full_attention
-from .tree import DraftTree
+from .tree import DraftTree, TreeShape
 
 
 @dataclass
@@ -67,13 +67,15 @@ class BatchDecoder:
         self.draft_kv: dict[int, BatchKV] = {}  # id(drafter) -> the drafter caches of its sequences
 
     def round(self, items: list[tuple[SpeculativeDecoding, bool | None]], split: bool = False,
-              chains=None) -> RoundResult:
+              chains=None, shape: TreeShape | None = None, lookup: bool = True) -> RoundResult:
         """`items`: (decoding, speculate) with speculate None for a PlainDecoding. Finished
         decodings must not be passed; a decoding that fails is released here. `split`: the rows
         offering a 1-node tree (plain steps) get a target forward of their own, apart from the trees.
         `chains`: for rows whose draft is a copied chain alone (prompt lookup), the cap on their copied
         tokens, a function of (rows in the forward, [(greedy, chain length)] of those rows that found a
-        chain), e.g. ChainPlanner.cap (decode/lookup.py); None: every chain is verified whole."""
+        chain), e.g. ChainPlanner.cap (decode/lookup.py); None: every chain is verified whole. `shape`: the draft
+        shape of the round's speculating rows (None: each sequence's own); `lookup` False: they draft without
+        their lookup chains."""
         reports: list = [None] * len(items)
         result, graphs = RoundResult(reports), graphs_compiled()
         programs = []  # (item index, drafting program)
@@ -89,10 +91,10 @@ class BatchDecoder:
                     elif dec.batched:
                         self._attach_drafter(dec)
                 elif not dec.batched:  # its cache cannot join the batch: it keeps stepping alone
-                    reports[i] = dec.step() if speculate is None else dec.step(speculate)
+                    reports[i] = dec.step() if speculate is None else dec.step(speculate, shape)
                     result.solo += 1
                 else:
-                    programs.append((i, dec.draft() if speculate is None else dec.draft(speculate)))
+                    programs.append((i, dec.draft() if speculate is None else dec.draft(speculate, shape, lookup)))
             except Exception as exc:  # noqa: BLE001 - reported to that sequence only
                 reports[i] = exc
                 self.release(dec)

@@ -77,12 +77,14 @@ def usage(stats: GenerationStats, completion_tokens: int) -> dict:
 def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY,
                max_tokens_limit: int | None = None, monitor: DriftMonitor | None = None,
                shape: TreeShape | None = None, max_running: int = 16,
-               lookup: LookupSettings | None = None) -> FastAPI:
+               lookup: LookupSettings | None = None, shapes: tuple[TreeShape, ...] | None = None) -> FastAPI:
+    """`shape`: the draft shape (None: the default tree); `shapes`: the shapes each round chooses among by its row
+    count, `shape` among them (Scheduler; None: `shape` alone)."""
     target = engine.target
     context = int(getattr(target.config, "max_position_embeddings", 0) or 1 << 30)
     limit = max_tokens_limit or min(context, 1 << 16)
     metrics = ServerMetrics()
-    scheduler = Scheduler(engine, metrics, monitor, shape, max_running=max_running, lookup=lookup)
+    scheduler = Scheduler(engine, metrics, monitor, shape, max_running=max_running, lookup=lookup, shapes=shapes)
     created = int(time.time())
 
     @asynccontextmanager

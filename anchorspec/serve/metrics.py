@@ -37,6 +37,9 @@ class ServerMetrics:
         self.fallback_switches = Counter("anchorspec_fallback_switches",
                                          "Drift fallback switches: off = to plain decoding, on = speculation retried",
                                          ["direction"], registry=r)
+        self.shape_changes = Counter("anchorspec_draft_shape_changes",
+                                     "Changes of the rounds' draft shape (chosen by the batch's row count), by the new "
+                                     "shape (TOP_K,DEPTH,TOTAL)", ["shape"], registry=r)
         self.latency = Histogram("anchorspec_request_latency_seconds", "Submit to last token",
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("anchorspec_time_to_first_token_seconds", "Submit to first token",

@@ -21,6 +21,9 @@ decided by the batch (DriftMonitor.round_plan), except while the batch learns wh
 pays (a probe, new requests): then the rows switched on may speculate in a target forward apart from
 the plain rows', where that costs less than padding them all. A row's first speculative round after
 plain ones has its drafter catch up on the missed positions, a one-off kept out of the drafting cost.
+With `shapes` (`anchorspec serve` given no --chain/--tree) each round drafts the shape expected fastest at its row
+count (DriftMonitor.shape_for_rows: a chain of 1-4 or the default tree), and only a lone request's round merges
+lookup chains, which would widen every row of a batched one.
 
 Threads: the event loop submits and reads events; only the worker thread touches the models.
 Events reach the request's asyncio queue through loop.call_soon_threadsafe.
@@ -33,7 +36,7 @@ import logging
 import statistics
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -42,7 +45,7 @@ import torch
 from ..api import DEFAULT_TREE, Engine
 from ..decode.batch import batch_forward
 from ..decode.engine import GenerationConfig, PlainDecoding, SpeculativeDecoding
-from ..decode.fallback import DriftMonitor, ForwardCosts, RequestState, regime_of
+from ..decode.fallback import DriftMonitor, ForwardCosts, RequestState, regime_of, shape_key
 from ..decode.lookup import ChainPlanner, LookupSettings
 from ..decode.propose import EagleProposer
 from ..decode.round import BatchDecoder, RoundResult
@@ -51,6 +54,17 @@ from ..decode.tree import DraftTree, TreeShape
 from .metrics import ServerMetrics
 
 log = logging.getLogger("anchorspec.serve")
+
+# The shapes `anchorspec serve` chooses among per round when no shape is given, beside the starting one (the default
+# tree, or a tuned shape): a batch's best draft is shallower than a lone request's. On the AMX Xeon (round 24, bf16,
+# 1 thread, session 81) the calibration's break-even tau*(4) was 1.29 for a chain of 2 (expected tau ~1.7) and 2.49
+# for the 4,4,16 tree (~2.3); at 16 rows no shape paid (chain of 1: 1.53 against ~1.47).
+BATCH_SHAPES = tuple(TreeShape.chain(depth) for depth in (1, 2, 3, 4))
+# The dummy prompt's length when the shapes are calibrated: a round's cost grows with its rows' contexts, and on
+# 16-token prompts a round of 16 rows priced at 31 ms (plain) and 52 ms (3 tokens a row) cost 41-46 and 73-107 ms
+# in MT-bench traffic; on 256-token prompts 44 and 83 (AMX Xeon, bf16, 1 thread, session 81). A fixed shape's
+# server still calibrates on 16 tokens (not re-measured).
+CALIBRATION_CONTEXT = 256
 
 
 class Handle:
@@ -91,8 +105,10 @@ class _Sequence:
 class Scheduler:
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, monitor: DriftMonitor | None = None,
                  shape: TreeShape | None = None, max_running: int = 16, calibrate: bool = True,
-                 lookup: LookupSettings | None = None):
-        """`lookup`: merge a context-lookup chain into every request's drafts (decode/lookup.py). None here;
+                 lookup: LookupSettings | None = None, shapes: tuple[TreeShape, ...] | None = None):
+        """`shapes`: the draft shapes each round chooses among by its row count (DriftMonitor.shape_for_rows; `shape`,
+        the one a round starts with, is one of them); None: every round drafts `shape`. `lookup`: merge a
+        context-lookup chain into every request's drafts (decode/lookup.py). None here;
         `anchorspec serve` turns it on with a drafter (cli.serve_lookup: measured under load in session 70).
         With no drafter it is prompt lookup: each request drafts the chain copied from its own text alone, and
         each round caps the chains at the length that the forward costs calibrated at start-up and the chains'
@@ -106,6 +122,9 @@ class Scheduler:
         self.max_running = max_running
         self.lookup = lookup
         self.speculative = engine.drafter is not None
+        self.shapes = tuple(dict.fromkeys((self.shape, *shapes))) if shapes and self.speculative else (self.shape,)
+        if len(self.shapes) > 1:  # the monitor prices each shape apart, and learns the drafter's acceptance to choose
+            self.monitor.shapes, self.monitor.shape = self.shapes, self.shape
         # prompt lookup: no drafter, chains copied from each request's text, priced per round on forward costs
         # measured together at start-up (calibrate_widths), not learned from traffic: rounds are mostly plain,
         # so traffic would refresh the 1-wide cost alone, and a host that slowed since would price every chain
@@ -242,6 +261,7 @@ class Scheduler:
         # speculates is the batch's decision, not any one row's; only a batch still learning whether it
         # pays runs its speculating rows in a forward apart (DriftMonitor.round_plan).
         batched = [seq.monitor_state for seq in running if seq.monitor_state is not None and seq.decoding.batched]
+        shape = self._choose_shape(batched)
         plan = self.monitor.round_plan(batched, probing=any(id(state) in retried for state in batched)) \
             if self.speculative else []
         if batched and not any(plan):
@@ -255,7 +275,10 @@ class Scheduler:
                  for seq in running]
         split = any(plan) and not all(plan)
         try:
-            result = self.decoder.round(items, split=split, chains=self.chains and self.chains.cap)
+            # a copied chain merged into one row's tree widens every row's forward: with shapes chosen per batch size,
+            # only a lone request's round merges them (4 users: 1.22x the plain server without, 1.11x with; session 81)
+            result = self.decoder.round(items, split=split, chains=self.chains and self.chains.cap, shape=shape,
+                                        lookup=shape is None or len(batched) <= 1)
         except Exception as exc:  # a bug outside any one sequence: fail this round's requests, keep serving
             log.exception("decoding round failed")
             result = RoundResult([exc] * len(running))
@@ -270,9 +293,26 @@ class Scheduler:
             if tstar is not None:
                 self.metrics.round_break_even_tau.observe(tstar)
         for seq, report in zip(running, result.reports):
-            self._deliver(seq, report)
+            self._deliver(seq, report, shape)
 
-    def _deliver(self, seq: _Sequence, report) -> None:
+    def _choose_shape(self, batched: list[RequestState]) -> TreeShape | None:
+        """The draft shape of a round of the `batched` rows (None: the sequences' own, with one shape to draft): of
+        the scheduler's shapes, the one expected fastest at that row count, judged on its most common sampling
+        regime's acceptance; a lone request's, the scheduler's own shape (tuned or default, as `generate` drafts;
+        chosen among the others at one user it ran 1.27x the plain server against the tree's 1.31x, session 81).
+        A new shape forgets the rows' windows: their accepted lengths were another shape's."""
+        if len(self.shapes) == 1 or not batched:
+            return None
+        self.monitor.regime = Counter(state.regime for state in batched).most_common(1)[0][0]
+        chosen = self.shape if len(batched) == 1 else self.monitor.shape_for_rows(len(batched), self.shapes)
+        if chosen != self.monitor.shape:
+            for state in batched:
+                state.window.clear()
+            self.monitor.shape = chosen
+            self.metrics.shape_changes.labels(shape_key(chosen)).inc()
+        return self.monitor.shape
+
+    def _deliver(self, seq: _Sequence, report, shape: TreeShape | None = None) -> None:
         if isinstance(report, BaseException):  # one bad sequence must not take the server down
             log.error("generation step failed", exc_info=report)
             seq.handle._put(("error", f"generation failed: {type(report).__name__}: {report}"))
@@ -282,6 +322,10 @@ class Scheduler:
         self.metrics.observe_step(report)
         if self.chains is not None and report.kind == "lookup":
             self.chains.learn(seq.decoding.cfg.sampling.greedy, report.lookup_found, report.drafted, report.accepted)
+        if state is not None and shape is not None and report.kind == "speculative":  # what the shapes are priced on
+            self.monitor.regime = state.regime
+            self.monitor.learn_acceptance(None if shape.is_chain else shape, report.drafter_depth,
+                                          report.drafter_accepted, report.top_ranked, report.top_depth)
         if state is not None:
             switch = self.monitor.record(state, report.kind, report.accepted, len(report.tokens))
             if switch:
@@ -317,30 +361,40 @@ class Scheduler:
 
     def calibrate(self, steps: int = 3, batches: tuple[int, ...] = (1, 4)) -> None:
         """Seed the monitor's cost lines with a few plain and speculative rounds on a dummy prompt at
-        each batch size, through the batched path, on a BatchDecoder of its own (with no drafter: the
+        each batch size (with shapes to choose from: each shape, at a full batch too), through the batched
+        path, on a BatchDecoder of its own (with no drafter: the
         target's forwards at the widths a copied chain verifies, calibrate_widths, up to a full batch)."""
         if self.chains is not None:
             self.calibrate_widths(steps, tuple(sorted({*batches, self.max_running})))
             return
-        cfg = GenerationConfig(max_new_tokens=1 + steps + (steps + 1) * (self.shape.depth + 1) + 1)
-        for rows in batches:
-            with self._dummy_batch(rows, cfg) as (decoder, decs):
-                kinds = [True] + [False] * steps + [True] * (steps + 1)  # prefills, plain, speculative
-                for k, speculate in enumerate(kinds):
-                    result = decoder.round([(dec, speculate) for dec in decs if not dec.finished])
-                    failed = [r for r in result.reports if isinstance(r, BaseException)]
-                    if failed:
-                        raise failed[0]
-                    if not result.compiled:
-                        self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows,
-                                                   result.draft_s, catch_up=k > 0 and speculate and not kinds[k - 1])
+        choosing, current = len(self.shapes) > 1, self.monitor.shape
+        if choosing:  # each shape at a full batch too: its cost there is not the line through small batches'
+            batches = tuple(sorted({*batches, self.max_running}))
+        cfg = GenerationConfig(max_new_tokens=1 + steps + (steps + 1) * (max(s.depth for s in self.shapes) + 1) + 1)
+        for shape in self.shapes:
+            if choosing:
+                self.monitor.shape = shape  # its drafting and width are learned apart
+            for rows in batches:
+                with self._dummy_batch(rows, cfg, context=CALIBRATION_CONTEXT if choosing else 16) as (decoder, decs):
+                    kinds = [True] + [False] * steps + [True] * (steps + 1)  # prefills, plain, speculative
+                    for k, speculate in enumerate(kinds):
+                        result = decoder.round([(dec, speculate) for dec in decs if not dec.finished],
+                                               shape=shape if choosing else None)
+                        failed = [r for r in result.reports if isinstance(r, BaseException)]
+                        if failed:
+                            raise failed[0]
+                        if not result.compiled:
+                            self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows,
+                                                       result.draft_s,
+                                                       catch_up=k > 0 and speculate and not kinds[k - 1])
+        self.monitor.shape = current
 
     @contextmanager
-    def _dummy_batch(self, rows: int, cfg: GenerationConfig, plain: bool = False):
-        """`rows` decodings of a 16-token dummy prompt (drafting with the engine's drafter, or `plain`) on a
+    def _dummy_batch(self, rows: int, cfg: GenerationConfig, plain: bool = False, context: int = 16):
+        """`rows` decodings of a `context`-token dummy prompt (drafting with the engine's drafter, or `plain`) on a
         BatchDecoder of their own, their slots released on the way out."""
         target = self.engine.target
-        prompt = [i % target.vocab_size for i in range(16)]
+        prompt = [i % target.vocab_size for i in range(context)]
         decs = [PlainDecoding(target, prompt, cfg) if plain
                 else SpeculativeDecoding(target, EagleProposer(self.engine.drafter), prompt, cfg, self.shape)
                 for _ in range(rows)]
