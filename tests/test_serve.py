@@ -1072,6 +1072,19 @@ def test_switched_off_rows_ride_along_in_a_speculative_round(dirs, reference):
     assert outs == [reference[p, False].token_ids for p in prompts]
 
 
+def run_to_completion(scheduler, engine, prompts, loop) -> list:
+    """Submit `prompts` (greedy, MAX_TOKENS) and drive the scheduler's rounds from this thread until every request
+    is done; returns the sequences in the order they were admitted."""
+    for p in prompts:
+        scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop)
+    running = []
+    while scheduler._running or scheduler._waiting:
+        scheduler._admit()
+        running += [seq for seq in scheduler._running if seq not in running]
+        scheduler._round()
+    return running
+
+
 def test_a_scheduler_probe_runs_its_few_rows_apart_and_every_output_stays_the_solo_one(dirs, reference):
     """Six requests against a break-even no batch reaches: the batch vetoes, and every retry round
     probes min_steps = 2 rows in a forward of their own while the other rows step plain (costs that
@@ -1140,16 +1153,7 @@ def test_rounds_that_change_their_draft_shape_keep_every_output_the_solo_one(dir
         scheduler.decoder.round = recording
         loop = asyncio.new_event_loop()
         try:
-            for p in PROMPTS[:4]:
-                scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop)
-            running = []
-            while scheduler._running or scheduler._waiting:
-                scheduler._admit()
-                running += [seq for seq in scheduler._running if seq not in running]
-                scheduler._round()
-                for seq in list(scheduler._running):
-                    if seq.decoding.finished:
-                        scheduler._finish(seq, "ok")
+            running = run_to_completion(scheduler, engine, PROMPTS[:4], loop)
             outs[shapes] = [seq.decoding.result().token_ids for seq in running]
         finally:
             loop.close()
@@ -1185,14 +1189,9 @@ def test_a_server_choosing_shapes_merges_lookup_chains_only_into_a_lone_request_
     outs = []
     try:
         for group in (PROMPTS[3:4], PROMPTS[:4]):  # alone, then four together
-            handles = [scheduler.submit(engine.encode(p), MAX_TOKENS, 0.0, loop=loop) for p in group]
-            running = []
-            while scheduler._running or scheduler._waiting:
-                scheduler._admit()
-                running += [seq for seq in scheduler._running if seq not in running]
-                scheduler._round()
+            running = run_to_completion(scheduler, engine, group, loop)
             outs.append([seq.decoding.result().token_ids for seq in running])
-            assert len(handles) == len(running)
+            assert len(running) == len(group)
     finally:
         loop.close()
     assert merged[1] > 0 and merged[2] == 0
