@@ -425,3 +425,20 @@ def test_sliding_window_cache_keeps_stepping_alone():
         solo_steps += result.solo
     assert [d.result().token_ids for d in decs] == refs
     assert not decs[0].batched and solo_steps == 14  # every step after the prefill
+
+
+def test_a_round_that_grows_the_cache_says_so():
+    """RoundResult.one_off is set exactly in the rounds during which a KV buffer was reallocated (batch.one_offs):
+    such a round's time is no sample of what rounds cost (the server's monitor skips it)."""
+    from anchorspec.decode.batch import one_offs
+
+    target = tiny_target("llama")
+    decoder = BatchDecoder(target, BatchKV(slots=1, capacity=4))
+    decs = [PlainDecoding(target, p, GenerationConfig(max_new_tokens=12)) for p in make_prompts([3, 5], 0)]
+    flags = []
+    while any(not d.finished for d in decs):
+        before = one_offs()
+        result = decoder.round([(d, None) for d in decs if not d.finished])
+        flags.append((result.one_off, one_offs() != before))
+    assert all(flag == grew for flag, grew in flags)
+    assert any(flag for flag, _ in flags) and not all(flag for flag, _ in flags)

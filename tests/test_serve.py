@@ -585,6 +585,30 @@ def test_a_batched_round_speculates_on_the_rows_mean_tau_not_on_its_luckiest_row
     assert all(DriftMonitor(enabled=False, threshold=9.0).round_plan([lucky, *slow]))
 
 
+def test_rows_switched_off_join_a_round_only_where_it_pays_by_the_switch_on_margin():
+    """Rows switched off that a round turns on each pay their drafter's catch-up, so a batch with such rows
+    speculates only where its pooled lengths beat tau*(B) by switch_on_margin (10 %); a batch already speculating
+    stays on at tau*(B) itself. At tau*(4) = 3.0, lengths pooled at 3.15 (shrinking off): +5 %."""
+    m = DriftMonitor(window=4, min_steps=2, global_min_steps=2)
+    m.prior_steps = 0  # no shape tracked anyway; the pooled mean is the lengths' own
+    feed(m)
+    assert m.threshold_at(4) == pytest.approx(3.0) and m.switch_on_margin == pytest.approx(0.1)
+
+    def row(lengths, speculating=True):
+        state = m.new_request()
+        state.window.extend(lengths)
+        state.speculating = speculating
+        return state
+
+    near = [[3, 3], [3, 4], [3, 3], [3, 3.2]]  # pooled 3.15
+    assert all(m.round_plan([row(w) for w in near]))  # all on: stays on at tau* itself
+    mixed = [row(w, speculating=k < 2) for k, w in enumerate(near)]
+    assert not any(m.round_plan(mixed))  # two rows off: 3.15 < 3.3
+    assert all(m.round_plan([row(w, speculating=k < 2) for k, w in enumerate([[4, 4]] * 4)]))  # 4.0 >= 3.3
+    m.switch_on_margin = 0.0  # the rule before session 82 (negative control): the same rows turn on
+    assert all(m.round_plan(mixed))
+
+
 def test_one_probe_round_of_many_rows_is_evidence_enough_and_a_veto_switches_them_off():
     """Pooled, the first accepted lengths of 4 probing rows decide the next round (each row's own
     min_steps would keep a 16-row batch speculating at a loss for 4 more rounds after every probe),
@@ -1196,3 +1220,68 @@ def test_a_server_choosing_shapes_merges_lookup_chains_only_into_a_lone_request_
         loop.close()
     assert merged[1] > 0 and merged[2] == 0
     assert outs == [[reference[p, False].token_ids for p in group] for group in (PROMPTS[3:4], PROMPTS[:4])]
+
+
+def test_a_round_that_grew_a_cache_is_no_cost_sample(dirs):
+    """A round that paid a one-off (a compiled graph, a KV cache grown: decode/batch.one_offs) teaches the monitor
+    nothing: growing 16 slots' cache mid-round took 0.7-1.3 s against ~50 ms, and as a sample it priced plain rounds
+    at twice their cost (session 82). Every round flagged: nothing learned; the same rounds unflagged: learned."""
+    engine = load(dirs["target"], dirs["drafter"], dtype="float64")
+    learned = {}
+    for flagged in (True, False):
+        scheduler = Scheduler(engine, monitor=DriftMonitor(), calibrate=False)
+        inner = scheduler.decoder.round
+
+        def round_(items, _inner=inner, _flagged=flagged, **kw):
+            result = _inner(items, **kw)
+            result.one_off = result.one_off or _flagged
+            return result
+
+        scheduler.decoder.round = round_
+        loop = asyncio.new_event_loop()
+        try:
+            run_to_completion(scheduler, engine, PROMPTS[:3], loop)
+        finally:
+            loop.close()
+        learned[flagged] = scheduler.monitor.forward.curves
+    assert learned[True] == {} and learned[False]
+
+
+def test_one_slow_round_does_not_move_a_servers_round_costs():
+    """A round's cost is the median of its bucket's recent rounds (ROUND_COST_WINDOW): one 20x round (a host stall)
+    leaves forward(16, 1) and tau*(16) where steady rounds put them; under a moving average (the rule before session
+    82, round_cost_window=None) the same stall moves them (the negative control)."""
+    priced = {}
+    for window in (DriftMonitor().round_cost_window, None):
+        m = DriftMonitor(round_cost_window=window)
+        m.follow_pace = False  # the window alone (pacing would scale the wide rounds with the plain price)
+        for _ in range(5):
+            m.observe_round(16, 1, 0.050)
+            m.observe_round(16, 3, 0.080, 16, 0.010)
+        steady = m.forward(16, 1), m.threshold_at(16)
+        m.observe_round(16, 1, 1.0)  # one stall
+        m.observe_round(16, 1, 0.050)
+        priced[window] = steady, (m.forward(16, 1), m.threshold_at(16))
+    (steady, after), (_, averaged) = priced[DriftMonitor().round_cost_window], priced[None]
+    assert steady == pytest.approx((0.050, 1.8)) and after == pytest.approx(steady)
+    assert averaged[0] > 0.1 and averaged[1] < 1.2  # averaged: plain priced at 2x+, the chain as paying at tau 1.2
+
+
+def test_wide_rounds_are_priced_at_the_plain_rounds_pace():
+    """A speculative round's forward and drafting are priced at the plain round's cost now (FOLLOW_PACE): measured at
+    start-up next to 44 ms plain rounds, then plain rounds at 68 ms as contexts grew, tau*(16) stays the calibrated
+    2.73 (the ratio); priced in seconds (follow_pace off, the negative control) it falls to 1.76 and a chain that
+    costs 2.7-2.9 plain rounds looks paying (session 82)."""
+    priced = {}
+    for pace in (True, False):
+        m = DriftMonitor()
+        m.follow_pace = pace
+        for _ in range(3):  # the calibration: plain and speculative rounds side by side
+            m.observe_round(16, 1, 0.044)
+            m.observe_round(16, 4, 0.100, 16, 0.020)
+        assert m.threshold_at(16) == pytest.approx((0.100 + 0.020) / 0.044)
+        for _ in range(9):  # traffic: plain rounds only, at longer contexts
+            m.observe_round(16, 1, 0.068)
+        priced[pace] = m.threshold_at(16), m.verify_cost(16, 4), m.drafting_cost(16)
+    assert priced[True] == pytest.approx(((0.100 + 0.020) / 0.044, 0.100 * 68 / 44, 0.020 * 68 / 44))
+    assert priced[False] == pytest.approx(((0.100 + 0.020) / 0.068, 0.100, 0.020))

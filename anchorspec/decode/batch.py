@@ -31,10 +31,22 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import AnchorspecError
-from ..models.compiled import GRAPH_PREFILL_TOKENS, write_and_read
+from ..models.compiled import GRAPH_PREFILL_TOKENS, graphs_compiled, write_and_read
 from ..models.masks import additive_mask
 from ..models.target import Target
 from .tree import DraftTree
+
+
+_reallocations = 0  # BatchKV buffers reallocated (grown) in this process: see one_offs
+
+
+def one_offs() -> tuple[int, int]:
+    """What this process has paid once and will not pay again at the same size: graphs compiled or loaded, KV buffers
+    grown. A step or round during which either count moved is no sample of what it costs: a compile takes tens of
+    seconds, and growing 16 slots' cache from 512 to 1,024 rows zero-fills 377 MB (a 0.7-1.3 s round against ~50 ms;
+    AMX Xeon, bf16, 1 thread, session 82), which as a sample priced a 16-row plain round at twice its cost for the next
+    twenty rounds."""
+    return graphs_compiled(), _reallocations
 
 
 class KVSlot:
@@ -148,6 +160,8 @@ class BatchKV:
         new_slots, new_cap = _grown(self.num_slots, slots), _grown(self.capacity, capacity)
         if (new_slots, new_cap) == (self.num_slots, self.capacity):
             return
+        global _reallocations
+        _reallocations += 1
         live = len(self.slots)
         for bufs in (self.keys, self.values):
             for i, old in enumerate(bufs):

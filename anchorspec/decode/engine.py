@@ -39,10 +39,9 @@ import torch
 
 from ..errors import AnchorspecError
 from ..metrics import GenerationStats
-from ..models.compiled import graphs_compiled
 from ..models.target import Target
 from .adaptive import AdaptiveDepth
-from .batch import BatchKV, KVSlot, SharedPrefix, batch_forward
+from .batch import BatchKV, KVSlot, SharedPrefix, batch_forward, one_offs
 from .drafting import Program, run_program
 from .fallback import StreamMonitor
 from .lookup import ContextLookup, LookupSettings, common_prefix, merge_chain
@@ -434,14 +433,14 @@ class SpeculativeDecoding:
         while not self.finished:
             fallback.start_round([state])  # a due retry turns speculation back on
             shape = fallback.explore(self.shape, explore) if exploring and state.speculating else None
-            t, graphs = time.perf_counter(), graphs_compiled()
+            t, paid = time.perf_counter(), one_offs()
             report = self.step(state.speculating, shape)
             self.stats.explored_steps += shape is not None
             step_s = time.perf_counter() - t
             # after a prefill or plain stretch the drafter first reads those positions' features;
             # a held-back (staged) step drafted nothing, so it would teach the cost curves a free draft;
-            # a step that compiled a graph (a compiled target's or drafter's new shape) took tens of seconds
-            if not report.held and graphs_compiled() == graphs:
+            # a step that compiled a graph (a compiled target's or drafter's new shape) or grew a cache paid a one-off
+            if not report.held and one_offs() == paid:
                 fallback.observe_step(report.kind, report.drafted + 1, report.drafter_depth, report.drafter_accepted,
                                       step_s, report.draft_s, catch_up=previous.kind != "speculative",
                                       top_ranked=report.top_ranked, top_depth=report.top_depth,

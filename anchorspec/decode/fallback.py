@@ -13,9 +13,10 @@ the tokens it computes (a CPU; a GPU at large B): the B * (W - 1) extra tokens a
 nearly free, and plain rows padded next to a tree pay for them too.
 
 forward(rows, width) (ForwardCosts: a curve over rows per padded width) and drafting(rows) are
-cost curves (CostCurve: moving averages per bucket of the work, interpolated) learned from every
-round the scheduler reports (`observe_round`: rows, padded width and wall time of each batched
-forward, drafting rows and wall time), seeded by a short calibration at start-up at batch 1 and 4.
+cost curves (CostCurve: per bucket of the work, the median of its latest ROUND_COST_WINDOW rounds,
+interpolated) learned from every round the scheduler reports (`observe_round`: rows, padded width and
+wall time of each batched forward, drafting rows and wall time) except those that paid a one-off (a
+graph compiled, a KV cache grown: decode/batch.one_offs), seeded by a short calibration at start-up.
 B is the row count of the latest round; W the width of the latest drafting round.
 A fixed `threshold` overrides tau*.
 
@@ -31,7 +32,8 @@ a retry at once (they probe at the next retry round, which keeps the global wind
 drafter that stops fitting the traffic stops costing every new request its first `min_steps` steps.
 Per round (`round_plan`): rows switched off ride along in a speculative round (a tree pads every
 row anyway), so a batched round speculates only while the accepted lengths in its rows' windows,
-pooled, average at least tau*(B); a round that decides plain switches its rows off and forgets their
+pooled, average at least tau*(B) (SWITCH_ON_MARGIN above it to turn rows on that were off: each first catches up);
+a round that decides plain switches its rows off and forgets their
 windows (`veto`). While the batch is learning (a probe, new requests, too few pooled lengths) only
 the rows switched on speculate, in a target forward apart from the plain rows', when the cost
 curves say that loses less time against plain rounds than padding every row; a probe of a plain batch
@@ -221,12 +223,13 @@ class ForwardCosts:
     (two traced load runs, bf16, 1 thread, SmolLM2-135M). On one curve the two shared a point, and a
     burst of 16 users' plain rounds priced the next lone request's 16-token verify at their cost."""
 
-    def __init__(self, smoothing: float):
-        self.smoothing = smoothing
+    def __init__(self, smoothing: float, window: int | None = None):
+        """`window`: each point is the median of its last `window` samples (CostCurve), else a moving average."""
+        self.smoothing, self.window = smoothing, window
         self.curves: dict[int, CostCurve] = {}  # padded width -> cost over rows
 
     def add(self, rows: int, width: int, seconds: float) -> None:
-        self.curves.setdefault(width, CostCurve(self.smoothing)).add(rows, seconds)
+        self.curves.setdefault(width, CostCurve(self.smoothing, self.window)).add(rows, seconds)
 
     def __call__(self, rows: int, width: int) -> float | None:
         curve = self.curves.get(width)
@@ -294,12 +297,35 @@ PROBE_BACKOFF = 8  # ... but at least every PROBE_BACKOFF * retry_after rounds: 
 # rows costs ~2.8 plain rounds (4 rows drafting and verifying apart, their drafters first reading every position
 # since the last: 157 ms against 56, session 77), every 256 rounds on steady traffic where speculation cannot pay.
 PROBE_DOUBLINGS = 4
+# A batched round turns its switched-off rows on (round_plan) only where the pooled accepted lengths beat tau*(B) by
+# this much; once on, tau*(B) itself keeps it on. Switching on costs every such row's drafter a catch-up on the
+# positions it missed: a 16-row round after a plain stretch took 200-380 ms against ~55 for a plain one (AMX Xeon,
+# bf16, 1 thread, session 82), which rounds at the break-even never win back.
+SWITCH_ON_MARGIN = 0.1
+# A server prices a speculative round's forward and drafting at the plain round's cost now: each was measured when a
+# plain round of as many rows cost plain_then, and is scaled by forward(rows, 1) / plain_then. A round's cost grows
+# with its rows' contexts, and plain rounds are measured all the time while a batch that does not speculate measures
+# wide ones only at start-up: at 16 users plain rounds went from the calibration's 44 ms to 65-70 ms in MT-bench
+# traffic while the chains' rounds kept their calibrated ~120 ms, so a chain of 3 was priced at tau* 1.8 where its
+# rounds cost 2.9 plain ones (AMX Xeon, bf16, 1 thread, session 82); calibrated, the ratio was 2.7: ratios held where
+# absolute costs did not.
+FOLLOW_PACE = True
+# A server's round costs are the median of each bucket's last ROUND_COST_WINDOW rounds, as a stream's steps are
+# (COST_WINDOW), not a moving average: one 1.1 s round at 16 rows (a cache grown mid-round, before one_offs) moved
+# a 0.1 average of 63 ms plain rounds to 165 ms, and twenty rounds later it still priced them at 106 ms, a chain
+# of 2 at tau* 1.12 where it cost 2x a plain round: the server speculated at a loss for the rest of the run
+# (AMX Xeon, bf16, 1 thread, session 82). The same 9 as a stream's: enough for one slow round in four to leave the
+# median alone, few enough to follow the host within a few rounds.
+ROUND_COST_WINDOW = 9
 
 
 class DriftMonitor:
     def __init__(self, window: int = 16, min_steps: int = 4, retry_after: int = 32, global_window: int = 128,
                  threshold: float | None = None, enabled: bool = True, smoothing: float = 0.1,
-                 global_min_steps: int = 32, max_retry_after: int | None = None):
+                 global_min_steps: int = 32, max_retry_after: int | None = None,
+                 round_cost_window: int | None = ROUND_COST_WINDOW):
+        """`round_cost_window`: a round cost is the median of its bucket's last that many rounds (None: a moving
+        average with `smoothing`, the rule before session 82)."""
         max_retry_after = PROBE_BACKOFF * retry_after if max_retry_after is None else max_retry_after
         if not (window >= 1 and 1 <= min_steps <= window and 1 <= retry_after <= max_retry_after
                 and global_window >= 1 and 1 <= global_min_steps):
@@ -311,13 +337,19 @@ class DriftMonitor:
         self.probes_skipped = 0
         self.futile_probes = 0  # probes forced in a row while the global tau stayed far below tau* (probe_wait)
         self.probe_doublings = PROBE_DOUBLINGS  # 0: a forced probe every max_retry_after rounds (before session 77)
+        self.switch_on_margin = SWITCH_ON_MARGIN  # 0: rows switched on at tau*(B) itself (before session 82)
         # the gate for every new request judges from more steps than one request's switch does: the
         # first few steps of one prompt (a slow start is common) must not turn speculation off for all
         self.global_min_steps = min(global_min_steps, global_window)
         self.fixed_threshold, self.enabled = threshold, enabled
         self.standard_errors = 1.0  # a stream switches off when its window's mean + this many standard errors < tau*
-        self.smoothing = smoothing
-        self.forward = ForwardCosts(smoothing)
+        self.smoothing, self.round_cost_window = smoothing, round_cost_window
+        self.forward = ForwardCosts(smoothing, round_cost_window)
+        # what a plain round of as many rows cost when each wider forward and each drafting round was measured
+        # (forward(rows, 1) then): a price is scaled by how much plain rounds have slowed since (FOLLOW_PACE)
+        self.plain_then = ForwardCosts(smoothing, round_cost_window)
+        self._drafting_plain_then: dict[str | None, CostCurve] = {}
+        self.follow_pace = FOLLOW_PACE
         self.rows = 1  # sequences in the latest round: the B of tau*(B)
         # the draft shape rounds draft with (None: one shape, never chosen); tau*(B) prices its drafting(B), a curve
         # per shape, and its width W (`drafting`, `width`)
@@ -344,7 +376,7 @@ class DriftMonitor:
     def drafting(self) -> CostCurve:
         """drafting(B) of the current shape's rounds."""
         if self._key not in self._drafting:
-            self._drafting[self._key] = CostCurve(self.smoothing)
+            self._drafting[self._key] = CostCurve(self.smoothing, self.round_cost_window)
         return self._drafting[self._key]
 
     @property
@@ -371,11 +403,31 @@ class DriftMonitor:
         if rows:
             self.rows = rows
             for f_rows, f_width, seconds in forwards or [(rows, width, forward_s)]:
+                if f_width > 1 and (plain := self.forward(f_rows, 1)):
+                    self.plain_then.add(f_rows, f_width, plain)
                 self.forward.add(f_rows, f_width, seconds)
         if draft_rows:
             if not catch_up:
                 self.drafting.add(draft_rows, draft_s)
+                if plain := self.forward(draft_rows, 1):
+                    self._drafting_plain_then.setdefault(self._key, CostCurve(self.smoothing, self.round_cost_window)
+                                                         ).add(draft_rows, plain)
             self.width = width
+
+    def _paced(self, cost: float | None, then: float | None, rows: int) -> float | None:
+        """`cost`, measured when a plain round of `rows` rows cost `then`, at what a plain round costs now."""
+        now = self.forward(rows, 1)
+        return cost if not self.follow_pace or cost is None or not then or not now else cost * now / then
+
+    def verify_cost(self, rows: int, width: int) -> float | None:
+        """forward(rows, width), paced (FOLLOW_PACE)."""
+        return self._paced(self.forward(rows, width), self.plain_then(rows, width), rows)
+
+    def drafting_cost(self, rows: int, shape: TreeShape | None = None) -> float | None:
+        """drafting(rows) of `shape` (None: the current shape), paced (FOLLOW_PACE)."""
+        key = self._key if shape is None else shape_key(shape)
+        curve, then = self._drafting.get(key), self._drafting_plain_then.get(key)
+        return None if curve is None else self._paced(curve(rows), then and then(rows), rows)
 
     def threshold_at(self, rows: int, shape: TreeShape | None = None) -> float | None:
         """tau*(rows) (see the module docstring) of drafting with `shape` (None: the current shape); None until
@@ -383,11 +435,10 @@ class DriftMonitor:
         if self.fixed_threshold is not None:
             return self.fixed_threshold
         shape = shape or self.shape
-        key = None if shape is None else shape_key(shape)
-        width, curve = (self.width if shape is None else shape.total_tokens), self._drafting.get(key)
-        if width is None or curve is None:
+        width = self.width if shape is None else shape.total_tokens
+        if width is None:
             return None
-        plain, verify, drafting = self.forward(rows, 1), self.forward(rows, width), curve(rows)
+        plain, verify, drafting = self.forward(rows, 1), self.verify_cost(rows, width), self.drafting_cost(rows, shape)
         if not plain or verify is None or drafting is None:
             return None
         return (drafting + at_least(verify, plain)) / plain
@@ -641,7 +692,9 @@ class DriftMonitor:
         known = [length for s in states for length in s.window]
         tstar = self.threshold_at(len(states))
         if tstar is not None and len(known) >= self.min_steps:
-            if self.pooled_tau(known) >= tstar:
+            # rows switched off join only where the batch is expected to pay by switch_on_margin: each pays its
+            # drafter's catch-up on every position it missed (SWITCH_ON_MARGIN's comment)
+            if self.pooled_tau(known) >= tstar * (1 if all(on) else 1 + self.switch_on_margin):
                 return [True] * len(states)
             if not probing:
                 return [False] * len(states)
@@ -654,8 +707,8 @@ class DriftMonitor:
         cost curves and the global tau (1 before any is known: the riders' gain is then unproven)."""
         if speculating == rows or self.width is None:
             return False
-        costs = [self.forward(rows, 1), self.forward(rows, self.width), self.forward(speculating, self.width),
-                 self.forward(rows - speculating, 1), self.drafting(rows), self.drafting(speculating)]
+        costs = [self.forward(rows, 1), self.verify_cost(rows, self.width), self.verify_cost(speculating, self.width),
+                 self.forward(rows - speculating, 1), self.drafting_cost(rows), self.drafting_cost(speculating)]
         if any(c is None for c in costs):
             return False
         plain_all, pad_fwd, spec_fwd, plain_rest, draft_all, draft_some = costs

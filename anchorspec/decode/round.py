@@ -33,9 +33,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..models.compiled import graphs_compiled
 from ..models.target import Target
-from .batch import BatchKV, batch_forward
+from .batch import BatchKV, batch_forward, one_offs
 from .drafting import run_lockstep
 from .engine import SpeculativeDecoding, full_attention
 from .tree import DraftTree, TreeShape
@@ -51,7 +50,8 @@ class RoundResult:
     tokens: int = 0  # real new tokens in the batched forward(s)
     forward_s: float = 0.0
     forwards: list = field(default_factory=list)  # each batched forward: (rows, padded width, seconds)
-    compiled: bool = False  # a graph compiled during the round (a compiled target or drafter): no cost sample
+    compiled: bool = False  # a graph compiled during the round (a compiled target or drafter)
+    one_off: bool = False  # ... or that, or a KV cache grew (batch.one_offs): the round is no cost sample
     draft_passes: int = 0  # lockstep drafter levels this round (each: one forward per drafter and cache)
     draft_rows: int = 0  # most sequences in one of them
     draft_s: float = 0.0  # wall time of the round's drafting
@@ -77,7 +77,7 @@ class BatchDecoder:
         shape of the round's speculating rows (None: each sequence's own); `lookup` False: they draft without
         their lookup chains."""
         reports: list = [None] * len(items)
-        result, graphs = RoundResult(reports), graphs_compiled()
+        result, paid = RoundResult(reports), one_offs()
         programs = []  # (item index, drafting program)
         for i, (dec, speculate) in enumerate(items):
             try:
@@ -107,7 +107,8 @@ class BatchDecoder:
         for group in groups:
             if group:
                 self._forward(items, group, result)
-        result.compiled = graphs_compiled() != graphs
+        now = one_offs()
+        result.compiled, result.one_off = now[0] != paid[0], now != paid
         return result
 
     def _attach_drafter(self, dec: SpeculativeDecoding) -> None:

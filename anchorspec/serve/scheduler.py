@@ -283,7 +283,7 @@ class Scheduler:
             log.exception("decoding round failed")
             result = RoundResult([exc] * len(running))
         self.metrics.observe_round(result)
-        if not result.compiled:  # a round that compiled a graph took tens of seconds: not what a round costs
+        if not result.one_off:  # a round that compiled a graph or grew a cache is not what a round costs
             self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows, result.draft_s,
                                        catch_up=any(plan) and not self._rode, forwards=result.forwards)
         if batched:  # a round of prefills only leaves the drafters as they were
@@ -383,7 +383,7 @@ class Scheduler:
                         failed = [r for r in result.reports if isinstance(r, BaseException)]
                         if failed:
                             raise failed[0]
-                        if not result.compiled:
+                        if not result.one_off:
                             self.monitor.observe_round(result.rows, result.width, result.forward_s, result.draft_rows,
                                                        result.draft_s,
                                                        catch_up=k > 0 and speculate and not kinds[k - 1])
