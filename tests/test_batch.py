@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from anchorspec.decode import round as round_mod
-from anchorspec.decode.batch import BatchKV, batch_allowed, batch_forward, batch_position_ids
+from anchorspec.decode.batch import BatchKV, batch_allowed, batch_forward, batch_position_ids, one_offs
 from anchorspec.decode.engine import (GenerationConfig, PlainDecoding, SpeculativeDecoding, full_attention,
                                       generate_vanilla)
 from anchorspec.decode.propose import EagleProposer
@@ -430,8 +430,6 @@ def test_sliding_window_cache_keeps_stepping_alone():
 def test_a_round_that_grows_the_cache_says_so():
     """RoundResult.one_off is set exactly in the rounds during which a KV buffer was reallocated (batch.one_offs):
     such a round's time is no sample of what rounds cost (the server's monitor skips it)."""
-    from anchorspec.decode.batch import one_offs
-
     target = tiny_target("llama")
     decoder = BatchDecoder(target, BatchKV(slots=1, capacity=4))
     decs = [PlainDecoding(target, p, GenerationConfig(max_new_tokens=12)) for p in make_prompts([3, 5], 0)]

@@ -375,9 +375,13 @@ class DriftMonitor:
     @property
     def drafting(self) -> CostCurve:
         """drafting(B) of the current shape's rounds."""
-        if self._key not in self._drafting:
-            self._drafting[self._key] = CostCurve(self.smoothing, self.round_cost_window)
-        return self._drafting[self._key]
+        return self._shape_curve(self._drafting)
+
+    def _shape_curve(self, curves: dict[str | None, CostCurve]) -> CostCurve:
+        """The current shape's curve of `curves` (a curve per shape key), made on first use."""
+        if self._key not in curves:
+            curves[self._key] = CostCurve(self.smoothing, self.round_cost_window)
+        return curves[self._key]
 
     @property
     def width(self) -> int | None:
@@ -410,8 +414,7 @@ class DriftMonitor:
             if not catch_up:
                 self.drafting.add(draft_rows, draft_s)
                 if plain := self.forward(draft_rows, 1):
-                    self._drafting_plain_then.setdefault(self._key, CostCurve(self.smoothing, self.round_cost_window)
-                                                         ).add(draft_rows, plain)
+                    self._shape_curve(self._drafting_plain_then).add(draft_rows, plain)
             self.width = width
 
     def _paced(self, cost: float | None, then: float | None, rows: int) -> float | None:
