@@ -181,9 +181,28 @@ def test_no_twin_where_it_does_not_apply_or_never_won(narrow_pair, monkeypatch, 
 
 
 def test_the_twin_is_a_file_of_its_own(narrow_pair):
-    """The twin's graph file is named after the wide one's key plus the GEMM kind: another file, the same fields."""
+    """The twin's graph file is named after the wide one's key plus the GEMM kind and the thread count: another file,
+    the same fields."""
     target, _ = narrow_pair
     path, text = target._graph_key()
     twin, twin_text = narrow_key((path, text))
     assert twin != path and twin.is_file() and path.is_file() and twin.name.startswith("target-")
-    assert json.loads(twin_text) == {**json.loads(text), "gemm": "cpp"}
+    assert json.loads(twin_text) == {**json.loads(text), "gemm": "cpp", "threads": torch.get_num_threads()}
+
+
+def test_the_twin_is_compiled_per_thread_count(narrow_pair):
+    """The C++ template splits each product into as many parts as there were threads at its compile (a constant in
+    its code: on a 2-core AVX2 EPYC a twin compiled for 1 thread ran its steps on one core of two), so each thread
+    count has a twin of its own; the wide graph's key (oneDNN's kernels take the thread count at run time) has none."""
+    target, _ = narrow_pair
+    key = target._graph_key()
+    threads = torch.get_num_threads()
+    twins = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            twins[n] = narrow_key(key)
+    finally:
+        torch.set_num_threads(threads)
+    assert twins[1][0] != twins[2][0] and twins[1][0].name.startswith("target-")
+    assert [json.loads(twins[n][1])["threads"] for n in (1, 2)] == [1, 2] and "threads" not in json.loads(key[1])

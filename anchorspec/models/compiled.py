@@ -165,7 +165,7 @@ def aot_graph_key(what: str, fields: dict) -> tuple[Path, str]:
     from .hub import cache_home
 
     key = {**machine_key(), "transformers": transformers.__version__, "format": AOT_FORMAT, **fields}
-    key.pop("threads")  # the kernels take the thread count at run time
+    key.pop("threads")  # oneDNN's kernels take the thread count at run time (the C++ template's do not: narrow_key)
     text = json.dumps(key, sort_keys=True, default=str)
     return cache_home() / "compiled" / f"{what}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2", text
 
@@ -285,9 +285,11 @@ def narrow_applies(mask: torch.Tensor) -> bool:
 
 
 def narrow_key(key: tuple[Path, str]) -> tuple[Path, str]:
-    """The key of the C++-template twin of the graph `key` names (aot_graph_key's): the same fields and \"gemm\"."""
+    """The key of the C++-template twin of the graph `key` names (aot_graph_key's): the same fields, \"gemm\" and the
+    thread count. The template splits each product into as many parts as there were threads when it was compiled (a
+    constant in its code), so a twin compiled by a 1-thread process would run every step on one core of two."""
     path, text = key
-    fields = {**json.loads(text), "gemm": "cpp"}
+    fields = {**json.loads(text), "gemm": "cpp", "threads": torch.get_num_threads()}
     text = json.dumps(fields, sort_keys=True, default=str)
     return path.with_name(f"{path.stem.split('-')[0]}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"), text
 
