@@ -11,8 +11,9 @@ import torch
 from scipy.stats import chisquare
 
 from anchorspec.api import attach_drafter
-from anchorspec.decode.engine import GenerationConfig, generate_speculative
+from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative
 from anchorspec.decode.propose import EagleProposer
+from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams, probs_from_logits
 from anchorspec.models.drafter import init_drafter
 from anchorspec.models.target import Target
@@ -20,6 +21,7 @@ from helpers import tiny_config
 
 V = 8
 NEW = 4
+BATCH = 50  # sequences per batched run (run_many)
 PROMPT = torch.tensor([1, 5, 2, 7])
 PARAMS = SamplingParams(temperature=0.9, top_p=0.95)
 
@@ -59,10 +61,33 @@ def seeded_runs(generate, n, new=NEW, first_seed=10_000):
     return samples, stats
 
 
-def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None):
-    """n seeded speculative generations (seeded_runs)."""
-    return seeded_runs(lambda cfg: generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged,
-                                                        lookup=lookup), n, new)
+def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None, batch=BATCH):
+    """n seeded speculative generations: alone (batch 1: seeded_runs), or `batch` at a time in the rounds of one
+    BatchDecoder (decode/round.py), each sequence with its own copy of `proposer` (drafter and pruning rule).
+    Per sequence a round's draws are its solo run's (test_round_samples_equal_solo_samples), so both give the
+    same samples [n, new] and merged stats; rounds only share the target's forwards among the sequences."""
+    if batch == 1:
+        return seeded_runs(lambda cfg: generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged,
+                                                            lookup=lookup), n, new)
+    samples, stats = torch.zeros(n, new, dtype=torch.long), None
+    for first in range(0, n, batch):
+        decoder, decs = BatchDecoder(target), []
+        for i in range(first, min(n, first + batch)):
+            cfg = GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=10_000 + i)
+            own = EagleProposer(proposer.drafter, prune=proposer.prune)
+            decs.append(SpeculativeDecoding(target, own, PROMPT, cfg, shape, staged, lookup))
+        live = decs
+        while live:
+            result = decoder.round([(d, True) for d in live])
+            failed = [r for r in result.reports if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
+            live = [d for d in live if not d.finished]
+        for i, dec in enumerate(decs, start=first):
+            res = dec.result()
+            samples[i] = torch.tensor(res.token_ids)
+            stats = res.stats if stats is None else stats.merge(res.stats)
+    return samples, stats
 
 
 def worst_p_value(samples: torch.Tensor, exact: torch.Tensor) -> float:

@@ -7,6 +7,7 @@ computed by enumerating every prefix. The same check with an always-accept verif
 """
 
 import pytest
+import torch
 
 import anchorspec.decode.verify as verify
 from anchorspec.decode.engine import GenerationConfig, SpeculativeDecoding, generate_speculative
@@ -114,3 +115,17 @@ def test_drift_pruned_sampling_matches_target_distribution(setup, shape, monkeyp
     assert pruned_drafts < 0.9 * plain_drafts  # the pruning bites
     samples, _ = run_many(target, proposer, shape, 2500)
     assert worst_p_value(samples, exact_distribution(target)) > 1e-3
+
+
+@pytest.mark.parametrize("shape, options", [
+    (TreeShape.chain(3), {}), (TreeShape(3, 3, 8), {}), (TreeShape(3, 3, 8), {"lookup": SAMPLED_LOOKUP}),
+    (TreeShape(8, 3, 40), {"staged": 1, "new": STAGED_NEW})], ids=["chain", "tree", "lookup", "staged"])
+def test_round_samples_equal_solo_samples(setup, shape, options):
+    """The distribution tests run their seeds in batched rounds (run_many): per seed, the same tokens as alone."""
+    target, proposer = setup
+    solo, solo_stats = run_many(target, proposer, shape, 100, batch=1, **options)
+    rounds, round_stats = run_many(target, proposer, shape, 100, batch=30, **options)
+    assert torch.equal(rounds, solo)
+    counts = (solo_stats.accepted_tokens, solo_stats.verify_steps)
+    assert (round_stats.accepted_tokens, round_stats.verify_steps) == counts
+    assert solo_stats.accepted_tokens > 0
