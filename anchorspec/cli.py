@@ -18,6 +18,7 @@ from .decode.lookup import LookupSettings
 from .models.compiled import COMPILE_PAYS_AT
 from .models.dtype import DTYPE_CHOICES, DTYPES
 from .models.export_gguf import OUTTYPES
+from .progress import progress_bar
 
 
 def _tree_arg(text: str):
@@ -584,7 +585,7 @@ def cmd_drift(args) -> int:
     prompt_ids = [engine.encode(p, chat=args.chat) for p in prompts]
     results = {}
     for name, drafter in loaded.items():
-        bar = tqdm(prompt_ids, desc=f"drift {name}", unit="prompt", file=sys.stderr)
+        bar = progress_bar(prompt_ids, desc=f"drift {name}", unit="prompt")
         results[name] = measure_drift(target, drafter, bar, depth=args.depth, positions_per_prompt=args.positions,
                                       new_tokens=args.new_tokens, sink_tokens=args.sink_tokens,
                                       stop_token_ids=engine.stop_token_ids())

@@ -7,7 +7,7 @@ from pathlib import Path
 import anchorspec
 
 PACKAGE = Path(anchorspec.__file__).parent
-BASE = {"errors", "atomic", "metrics", "allocator"}  # leaf modules anyone may import
+BASE = {"errors", "atomic", "metrics", "allocator", "progress"}  # leaf modules anyone may import
 LAYERS = ["models", "decode", "data"]  # each may import the ones before it, and BASE
 
 

@@ -17,9 +17,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from tqdm import tqdm
-
 from ..errors import AnchorspecError
+from ..progress import progress_bar
 from .methods import Method
 from .workloads import Prompt, encode
 
@@ -103,7 +102,7 @@ def run_benchmark(methods: Sequence[Method], prompts: Sequence[Prompt], tokenize
                 m.run(encode(tokenizer, prompts[0], []), WARMUP_TOKENS, t, seed=0)
 
     total = sum(len(p.turns) for p in prompts) * len(temperatures)
-    bar = tqdm(total=total, desc="bench", unit="gen", dynamic_ncols=True, disable=not progress)
+    bar = progress_bar(total=total, desc="bench", unit="gen", dynamic_ncols=True, disable=not progress)
     records: list[dict] = []
     rotation = 0
     with open(path, "a") as f, frozen_heap():

@@ -85,7 +85,7 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
     prefills every draw's prompt alone (the path before shared prefixes; kept to benchmark against).
     `system`: the system prompt the queries are sampled under (answers are regenerated under the
     template's default one, as users ask), recorded on every line."""
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def synthesize_prompts(target, out_path, n: int, *, batch_size: int = 32, max_ne
         seen.add(key)
         return None, text
 
-    bar = tqdm(total=n, initial=min(have, n), desc="magpie", unit="prompt", disable=not progress)
+    bar = progress_bar(total=n, initial=min(have, n), desc="magpie", unit="prompt", disable=not progress)
     with open(out, "a", encoding="utf-8") as f:
         top_up()
         for request, res in batcher.run():

@@ -471,9 +471,9 @@ def stop_token_ids(target) -> tuple[int, ...]:
 
 
 def _progress(total: int, progress: bool):
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(total=total, desc="regenerate", unit="prompt", disable=not progress)
+    return progress_bar(total=total, desc="regenerate", unit="prompt", disable=not progress)
 
 
 def regenerate(target, items: list[PromptItem], out_path, *, max_new_tokens: int = 256,

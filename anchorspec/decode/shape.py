@@ -163,18 +163,17 @@ def estimate_shapes(target: Target, proposer: EagleProposer, sequences: list[tup
 
 def tune(engine, prompts: list[list[int]], new_tokens: int, shapes=CANDIDATES, progress: bool = False):
     """Greedy answers to `prompts` with plain decoding, then estimate_shapes on them."""
-    from tqdm import tqdm
-
+    from ..progress import progress_bar
     from .engine import GenerationConfig, generate_vanilla
 
     if engine.proposer is None:
         raise AnchorspecError("tuning the draft shape needs a drafter")
     cfg = GenerationConfig(max_new_tokens=new_tokens, stop_token_ids=engine.stop_token_ids())
     sequences = []
-    for ids in tqdm(prompts, desc="greedy answers", unit="prompt", disable=not progress):
+    for ids in progress_bar(prompts, desc="greedy answers", unit="prompt", disable=not progress):
         answer = generate_vanilla(engine.target, ids, cfg).token_ids
         sequences.append((torch.tensor(list(ids) + answer, dtype=torch.long), len(ids)))
-    with tqdm(total=len(shapes), desc="replay shapes", unit="shape", disable=not progress) as bar:
+    with progress_bar(total=len(shapes), desc="replay shapes", unit="shape", disable=not progress) as bar:
         return estimate_shapes(engine.target, engine.proposer, sequences, shapes, progress=bar)
 
 

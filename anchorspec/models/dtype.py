@@ -87,7 +87,7 @@ def _gemm_seconds(rows: int, hidden: int, intermediate: int, repeats: int = 15) 
     cycle through enough copies (~64 MB in fp32) to spill the caches, as a real decode step streams
     every layer's weights from memory; a single cache-resident matrix would flatter fp32."""
     # at most 64 copies: matrices under 1 MB are a toy's, whose weights stay in cache as it decodes (the tests'
-    # 32x64 ones took 8,192 copies, minutes of probing at 150 us a bf16 call on an AMX Xeon)
+    # 32x64 ones took 8,192 copies: minutes of probing)
     copies = max(1, min(64, (64 << 20) // (hidden * intermediate * 4)))
     gen = torch.Generator().manual_seed(0)
     fp32 = [torch.randn(intermediate, hidden, generator=gen) for _ in range(copies)]

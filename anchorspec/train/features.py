@@ -121,7 +121,7 @@ def build_feature_cache(target: Target, examples: list[Example], cache_dir, batc
     and recomputes only the old tail and the new examples; a killed build resumes at the first
     missing shard."""
     from safetensors.torch import save_file
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def build_feature_cache(target: Target, examples: list[Example], cache_dir, batc
     index.update(fingerprint=fingerprint(examples), num_examples=len(examples), layout=layout)
     have = {fp for fp in layout if fp in shards and (cache_dir / shards[fp]["file"]).is_file()}
     total = sum(len(e.input_ids) for e in examples)
-    bar = tqdm(total=total, initial=sum(shards[fp]["tokens"] for fp in have), desc="feature cache", unit="tok",
+    bar = progress_bar(total=total, initial=sum(shards[fp]["tokens"] for fp in have), desc="feature cache", unit="tok",
                disable=not progress, unit_scale=True)
 
     def write_index():

@@ -810,7 +810,7 @@ class Trainer:
                       f"{g['scored']} training conversations score {g['train_acc'][0]:.3f}, held-out {g['heldout_acc'][0]:.3f}")
 
     def run(self) -> dict:
-        from tqdm import tqdm
+        from ..progress import progress_bar
 
         cfg = self.cfg
         resumed = False
@@ -827,7 +827,7 @@ class Trainer:
             elif (self.out / "metrics.jsonl").exists():
                 (self.out / "metrics.jsonl").unlink()
         self.dist.barrier()
-        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.variant}", unit="step",
+        bar = progress_bar(total=self.total_steps, initial=self.step, desc=f"train {cfg.variant}", unit="step",
                    disable=not (cfg.progress and self.dist.main), dynamic_ncols=True)
         if cfg.init_from and self.step == 0:
             # the drafter a continued run starts from, scored on this run's held-out set: the baseline its
