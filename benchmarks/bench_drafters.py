@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import DEFAULT_DATA, environment, hf_generate, load_prompts, median, named_drafters, timed, warn_if_busy  # noqa: E402
 
 from anchorspec.api import Engine  # noqa: E402
+from anchorspec.bench.runner import frozen_heap  # noqa: E402
 from anchorspec.decode.sampling import SamplingParams  # noqa: E402
 from anchorspec.decode.tree import TreeShape  # noqa: E402
 from anchorspec.metrics import GenerationStats  # noqa: E402
@@ -194,22 +195,23 @@ def main(argv=None) -> int:
         print(f"compiled: {warm_graphs} graphs in the warm-up (target {compiled.compiles}, drafters "
               f"{sum(d.compiles for d in drafters.values())})")
     bar = tqdm(list(enumerate(zip(prompts, encoded))), desc="bench", unit="prompt", dynamic_ncols=True)
-    for i, (prompt, ids) in bar:
-        order = methods[i % len(methods):] + methods[: i % len(methods)]
-        out = {}
-        for m in order:
-            gc.collect()
-            out[m.name] = m.run(ids, args.max_new_tokens, seed=i)
-        base_tokens, base_dt, *_ = out["hf_generate"]
-        for m in methods:
-            tokens, dt, stats, shape, decision = out[m.name]
-            m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt, "shape": shape,
-                           "tokens_per_s": len(tokens) / dt,
-                           "speedup": (len(tokens) / dt) / (len(base_tokens) / base_dt),
-                           "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None,
-                           **decision})
-            if stats is not None:
-                m.stats = stats if m.stats is None else m.stats.merge(stats)
+    with frozen_heap():  # each gc.collect() below walks only what the runs made
+        for i, (prompt, ids) in bar:
+            order = methods[i % len(methods):] + methods[: i % len(methods)]
+            out = {}
+            for m in order:
+                gc.collect()
+                out[m.name] = m.run(ids, args.max_new_tokens, seed=i)
+            base_tokens, base_dt, *_ = out["hf_generate"]
+            for m in methods:
+                tokens, dt, stats, shape, decision = out[m.name]
+                m.rows.append({"id": prompt["id"], "new_tokens": len(tokens), "seconds": dt, "shape": shape,
+                               "tokens_per_s": len(tokens) / dt,
+                               "speedup": (len(tokens) / dt) / (len(base_tokens) / base_dt),
+                               "identical_to_hf": tokens == base_tokens, "stats": stats.to_dict() if stats else None,
+                               **decision})
+                if stats is not None:
+                    m.stats = stats if m.stats is None else m.stats.merge(stats)
     results = {"environment": environment(argparse.Namespace(threads=args.threads)), "dtype": args.dtype,
                "packed": is_packed(target.model), "prompts": len(prompts), "prompt_ids": [p["id"] for p in prompts],
                "max_new_tokens": args.max_new_tokens, "shape": args.shape, "fallback": defaults, "methods": {}}
