@@ -130,6 +130,9 @@ def main(argv=None) -> int:
             shape = kwargs.get("shape") or (eng.shape_for(SamplingParams(args.temperature)) if drafts else None)
             # what the stream chose its shape on: each candidate's expected tau, cost over a plain step and rank
             estimates = eng.monitor.estimates() if drafts and eng.monitor.calibrated else None
+            # the plain step those estimates divide by, in seconds now (stored costs are divided by the pace)
+            plain_estimate = (eng.monitor.verify(1) * eng.monitor.pace() if estimates and eng.monitor.verify(1)
+                              else None)
             steps.clear()
             res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **sampling, **kwargs)
             stats = res.stats
@@ -142,7 +145,7 @@ def main(argv=None) -> int:
                                "steps": stats.target_forwards, "verify_steps": stats.verify_steps,
                                "seconds": {"prefill": stats.prefill_s, "draft": stats.draft_s,
                                            "verify": stats.verify_s, "total": stats.total_s},
-                               "estimates": estimates, "tokens": res.token_ids})
+                               "estimates": estimates, "plain_estimate_s": plain_estimate, "tokens": res.token_ids})
             if eng is default and not kwargs:
                 rows[name][-1]["trace"] = list(steps)
         print(i, {n: (round(r[-1]["tok_s"], 1), r[-1].get("shape")) for n, r in rows.items()}, flush=True)
@@ -170,6 +173,13 @@ def main(argv=None) -> int:
         summary["default_monitor"] = {"trees": m.trees, "tree_ratio": {k: m.tree_ratio(TreeShape.parse(k)) for k in m.trees},
                                       "acceptance": [m.acceptance(d) for d in range(1, 7)],
                                       "realised": realised_by_shape(rows["default"], rows["plain"])}
+        plain_estimates = [r["plain_estimate_s"] for r in rows["default"] if r.get("plain_estimate_s")]
+        if plain_estimates and "plain" in rows:  # the denominator of the cost ratios
+            loop_s = plain_step_s(rows["plain"])
+            summary["default_monitor"]["plain_step_ms"] = {"estimated": 1e3 * median(plain_estimates),
+                                                           "plain_loop": 1e3 * loop_s}
+            print(f"the plain step the estimates divide by: {1e3 * median(plain_estimates):.1f} ms (median at the "
+                  f"prompts' starts); the plain loop's: {1e3 * loop_s:.1f} ms a token")
         for key, r in summary["default_monitor"]["realised"].items():
             est = r.get("estimated")
             print(f"default's steps drafted {key:8s}: {r['steps']:5d} steps, tau {r['tau']:.2f}, "
@@ -179,6 +189,12 @@ def main(argv=None) -> int:
                      if est else ""))
     write_results(args.out, args, {"summary": summary, "rows": rows})
     return 0
+
+
+def plain_step_s(plain_rows: list[dict]) -> float:
+    """The plain loop's decoding time per token after the prefill, median over prompts."""
+    return median([(r["seconds"]["total"] - r["seconds"]["prefill"]) / (len(r["tokens"]) - 1)
+                   for r in plain_rows if len(r["tokens"]) > 1])
 
 
 def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -191,8 +207,7 @@ def realised_by_shape(rows: list[dict], plain_rows: list[dict]) -> dict[str, dic
         return step["kind"] == "speculative" and step["shape"] == key and not step["catch_up"]
 
     steps = [s for row in rows for s in row.get("trace", ())]
-    plain_s = median([(r["seconds"]["total"] - r["seconds"]["prefill"]) / (len(r["tokens"]) - 1)
-                      for r in plain_rows if len(r["tokens"]) > 1])
+    plain_s = plain_step_s(plain_rows)
     out = {}
     for key in sorted({s["shape"] for s in steps if s["kind"] == "speculative"}):
         mine = [s for s in steps if counted(s, key)]

@@ -60,6 +60,10 @@ def test_every_method_runs_and_matches_the_plain_loop(tmp_path, monkeypatch):
     drafted = {step["shape"] for row in body["rows"]["default"] for step in row["trace"] if step["kind"] == "speculative"}
     assert realised and set(realised) <= drafted
     assert all(r["cost"] > 0 and r["speedup"] == pytest.approx(r["tau"] / r["cost"]) for r in realised.values())
+    # the plain step the estimates divide by, beside the plain loop's: what tells a cost model off by its denominator
+    steps = body["summary"]["default_monitor"]["plain_step_ms"]
+    assert steps["estimated"] > 0 and steps["plain_loop"] > 0
+    assert all(row["plain_estimate_s"] > 0 for row in body["rows"]["default"] if row["estimates"])
 
 
 def test_realised_shapes_carry_what_their_prompts_estimated():
