@@ -131,8 +131,8 @@ def main(argv=None) -> int:
             # what the stream chose its shape on: each candidate's expected tau, cost over a plain step and rank
             estimates = eng.monitor.estimates() if drafts and eng.monitor.calibrated else None
             # the plain step those estimates divide by, in seconds now (stored costs are divided by the pace)
-            plain_estimate = (eng.monitor.verify(1) * eng.monitor.pace() if estimates and eng.monitor.verify(1)
-                              else None)
+            plain_unit = eng.monitor.verify(1) if estimates else None
+            plain_estimate = plain_unit * eng.monitor.pace() if plain_unit else None
             steps.clear()
             res, seconds = timed(eng.generate, ids, max_new_tokens=args.max_new_tokens, **sampling, **kwargs)
             stats = res.stats

@@ -17,6 +17,7 @@ from anchorspec.decode.round import BatchDecoder
 from anchorspec.decode.sampling import SamplingParams, probs_from_logits
 from anchorspec.models.drafter import init_drafter
 from anchorspec.models.target import Target
+from batch_world import run_batched
 from helpers import tiny_config
 
 V = 8
@@ -50,44 +51,40 @@ def exact_distribution(target: Target, new: int = NEW) -> torch.Tensor:
     return joint.reshape([V] * new)
 
 
-def seeded_runs(generate, n, new=NEW, first_seed=10_000):
-    """n generations `generate(cfg)` of `new` tokens at PARAMS, seeded first_seed + i: the samples [n, new] and
-    the runs' stats merged."""
+def config(i: int, new: int = NEW, first_seed: int = 10_000) -> GenerationConfig:
+    """The i-th seeded run's settings: `new` tokens at PARAMS, seed first_seed + i."""
+    return GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=first_seed + i)
+
+
+def collect(results, n, new=NEW):
+    """The samples [n, new] of n generation results and their stats merged."""
     samples, stats = torch.zeros(n, new, dtype=torch.long), None
-    for i in range(n):
-        res = generate(GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=first_seed + i))
+    for i, res in enumerate(results):
         samples[i] = torch.tensor(res.token_ids)
         stats = res.stats if stats is None else stats.merge(res.stats)
     return samples, stats
 
 
+def seeded_runs(generate, n, new=NEW, first_seed=10_000):
+    """n generations `generate(cfg)` of `new` tokens at PARAMS, seeded first_seed + i: the samples [n, new] and
+    the runs' stats merged."""
+    return collect((generate(config(i, new, first_seed)) for i in range(n)), n, new)
+
+
 def run_many(target, proposer, shape, n, staged=None, new=NEW, lookup=None, batch=BATCH):
     """n seeded speculative generations: alone (batch 1: seeded_runs), or `batch` at a time in the rounds of one
-    BatchDecoder (decode/round.py), each sequence with its own copy of `proposer` (drafter and pruning rule).
+    BatchDecoder (batch_world.run_batched), each sequence with its own copy of `proposer` (drafter and pruning rule).
     Per sequence a round's draws are its solo run's (test_round_samples_equal_solo_samples), so both give the
     same samples [n, new] and merged stats; rounds only share the target's forwards among the sequences."""
     if batch == 1:
         return seeded_runs(lambda cfg: generate_speculative(target, proposer, PROMPT, cfg, shape, staged=staged,
                                                             lookup=lookup), n, new)
-    samples, stats = torch.zeros(n, new, dtype=torch.long), None
+    results = []
     for first in range(0, n, batch):
-        decoder, decs = BatchDecoder(target), []
-        for i in range(first, min(n, first + batch)):
-            cfg = GenerationConfig(max_new_tokens=new, sampling=PARAMS, seed=10_000 + i)
-            own = EagleProposer(proposer.drafter, prune=proposer.prune)
-            decs.append(SpeculativeDecoding(target, own, PROMPT, cfg, shape, staged, lookup))
-        live = decs
-        while live:
-            result = decoder.round([(d, True) for d in live])
-            failed = [r for r in result.reports if isinstance(r, BaseException)]
-            if failed:
-                raise failed[0]
-            live = [d for d in live if not d.finished]
-        for i, dec in enumerate(decs, start=first):
-            res = dec.result()
-            samples[i] = torch.tensor(res.token_ids)
-            stats = res.stats if stats is None else stats.merge(res.stats)
-    return samples, stats
+        decs = [SpeculativeDecoding(target, EagleProposer(proposer.drafter, prune=proposer.prune), PROMPT,
+                                    config(i, new), shape, staged, lookup) for i in range(first, min(n, first + batch))]
+        results += run_batched(BatchDecoder(target), decs, start=len(decs))
+    return collect(results, n, new)
 
 
 def worst_p_value(samples: torch.Tensor, exact: torch.Tensor) -> float:

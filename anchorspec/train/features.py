@@ -137,7 +137,7 @@ def build_feature_cache(target: Target, examples: list[Example], cache_dir, batc
     have = {fp for fp in layout if fp in shards and (cache_dir / shards[fp]["file"]).is_file()}
     total = sum(len(e.input_ids) for e in examples)
     bar = progress_bar(total=total, initial=sum(shards[fp]["tokens"] for fp in have), desc="feature cache", unit="tok",
-               disable=not progress, unit_scale=True)
+                       disable=not progress, unit_scale=True)
 
     def write_index():
         atomic_write(index_path, lambda f: Path(f).write_text(json.dumps(index, indent=1) + "\n"))

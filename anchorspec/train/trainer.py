@@ -828,7 +828,7 @@ class Trainer:
                 (self.out / "metrics.jsonl").unlink()
         self.dist.barrier()
         bar = progress_bar(total=self.total_steps, initial=self.step, desc=f"train {cfg.variant}", unit="step",
-                   disable=not (cfg.progress and self.dist.main), dynamic_ncols=True)
+                           disable=not (cfg.progress and self.dist.main), dynamic_ncols=True)
         if cfg.init_from and self.step == 0:
             # the drafter a continued run starts from, scored on this run's held-out set: the baseline its
             # evaluations must beat, and the best so far (a round that only gets worse releases its start)
