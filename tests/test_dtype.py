@@ -173,7 +173,8 @@ def test_argmax_last_equals_argmax_with_ties_in_half_precision():
     x = torch.randn(3, 300, 517, generator=gen).bfloat16()
     x[0, 5, 10] = x[0, 5, 400] = 9.0  # a tie: the first index wins, as in torch.argmax
     for t in (x, x.half(), x.float(), x[0, 0]):
-        assert torch.equal(argmax_last(t, chunk_rows=64), t.argmax(-1))
+        for chunk_elements in (1, 64 * 517, 100 * 517 + 3, 1 << 30):  # one row, whole and ragged chunks, one chunk
+            assert torch.equal(argmax_last(t, chunk_elements=chunk_elements), t.argmax(-1))
     assert argmax_last(x)[0, 5] == 10
 
 
