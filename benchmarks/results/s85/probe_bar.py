@@ -6,8 +6,8 @@ tau there), then N requests at 16 in flight, the part measured. Schedulers per b
   plain  no drafter;
   old    retries skipped only while the global tau sits PROBE_MARGIN below tau*(16) (the rule before session 85);
   new    ... below the bar the probe must clear: tau*(16) raised by the switch-on margin where it leaves rows off.
-Prints per block each drafter scheduler's total tokens/s over plain's in the measured part, its probes (retry rounds
-that switched rows on), retries skipped and speculative rounds.
+Prints per block each drafter scheduler's total tokens/s over plain's in the measured part, the rows its retries
+switched on, retries skipped and speculative rounds.
 
     git apply benchmarks/results/s85/probe-bar.patch   # the rule tried (not kept: docs/results.md, "Session 85")
     python benchmarks/results/s85/probe_bar.py --blocks 4 --threads 1
@@ -63,13 +63,13 @@ def run(engine, warm, prompts, drafter, max_tokens, variant):
     scheduler.decoder.round = counted
     for a in range(0, len(warm), 4):  # the 4-user level
         drain(scheduler, warm[a:a + 4], max_tokens, loop)
-    on0, skipped0, probes0, rounds0 = monitor.switches_on, monitor.probes_skipped, monitor.last_probe, len(spec_rounds)
+    on0, skipped0, rounds0 = monitor.switches_on, monitor.probes_skipped, len(spec_rounds)
     wall = drain(scheduler, prompts, max_tokens, loop)
     loop.close()
     spec = sum(1 for n in spec_rounds[rounds0:] if n)
-    return sum(tokens[rounds0:]) / wall, {"switches_on": monitor.switches_on - on0, "skipped": monitor.probes_skipped - skipped0,
-                  "spec_rounds": spec, "rounds": len(spec_rounds) - rounds0,
-                  "tau16": monitor.threshold_at(16), "global_tau": monitor.global_tau}
+    return sum(tokens[rounds0:]) / wall, {
+        "switches_on": monitor.switches_on - on0, "skipped": monitor.probes_skipped - skipped0, "spec_rounds": spec,
+        "rounds": len(spec_rounds) - rounds0, "tau16": monitor.threshold_at(16), "global_tau": monitor.global_tau}
 
 
 def main():
@@ -104,7 +104,8 @@ def main():
                   + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats[name].items()),
                   flush=True)
     for name, r in ratios.items():
-        print(f"{name}: median {statistics.median(r):.3f}x plain over {len(r)} blocks ({', '.join(f'{x:.3f}' for x in r)})")
+        blocks = ", ".join(f"{x:.3f}" for x in r)
+        print(f"{name}: median {statistics.median(r):.3f}x plain over {len(r)} blocks ({blocks})")
     print("new/old per block: " + ", ".join(f"{n / o:.3f}" for n, o in zip(ratios["new"], ratios["old"])))
 
 
