@@ -129,7 +129,7 @@ def test_a_pass_that_fills_the_cache_exactly_adds_no_graph(monkeypatch):
         generate_vanilla(target, prompt, cfg).token_ids
     assert ref.token_ids == generate_vanilla(target, prompt, GenerationConfig(max_new_tokens=16)).token_ids
     families = {(ids[1] > 1, logits.shape[0] > 1) for ids, through_graph, logits, _ in seen if through_graph}
-    assert drafter.compiles == len(families) > 0
+    assert families and drafter.compiles == (1 if drafter.aot else len(families))  # an AOT graph serves them all
     torch._dynamo.reset()
 
 
@@ -299,7 +299,7 @@ def test_compiled_drafter_drafts_what_the_eager_one_drafts():
             torch.testing.assert_close(fed, want_fed, rtol=1e-9, atol=1e-9)
             torch.testing.assert_close(logits, want_logits, rtol=1e-6, atol=1e-6)  # float32 logits
         static = [shape for shape, through_graph, *_ in seen if through_graph]
-        assert len(static) >= len(seen) - 2 * len(prompts())  # all but the prompt passes (one per generation)
+        assert len(static) == len(seen)  # every pass, the prompts' too (none is longer than GRAPH_PREFILL_TOKENS)
         assert (1, 1) in static and any(width > 1 for _, width in static)  # chain steps and wider passes
         assert compiled.compiles > 0 and eager.compiles == 0
     torch._dynamo.reset()
@@ -327,9 +327,10 @@ def test_compiled_drafter_in_batched_rounds(monkeypatch):
         graphs = drafter.compiles
         assert generate_speculative(target, EagleProposer(drafter), prompt, cfg, TreeShape.chain(3)).token_ids == \
             generate_vanilla(target, prompt, cfg).token_ids
-        if capacity == 256:  # one graph per family (sizes 1 or more)
+        if capacity == 256:  # one AOT graph for every family (sizes 1 or more), the prompt's pass included
             families = {(ids[1] > 1, logits.shape[0] > 1) for ids, through_graph, logits, _ in seen if through_graph}
-            assert drafter.compiles == len(families)
+            assert drafter.aot and drafter.compiles == 1 and len(families) >= 2
+            assert seen[0][1] and seen[0][0][1] == len(prompt)  # the prompt's features: through the graph
     assert drafter.compiles == graphs
     decs, refs = [], []
     for shape, n, prompt in zip((TreeShape.chain(3), TreeShape(2, 3, 6), TreeShape.chain(2)), (12, 8, 10), prompts(3)):
@@ -338,6 +339,43 @@ def test_compiled_drafter_in_batched_rounds(monkeypatch):
         decs.append(SpeculativeDecoding(target, EagleProposer(drafter), prompt, cfg, shape))
     assert [r.token_ids for r in run_batched(BatchDecoder(target), decs, start=3)] == refs
     assert max(shape[0] for shape, through_graph, *_ in seen if through_graph) == 3
+    torch._dynamo.reset()
+
+
+def test_a_catch_up_runs_through_the_drafter_graph_in_one_forward():
+    """After plain rounds every row's drafter reads the positions it missed, its prompt included: with a compiled
+    drafter those passes, when they fill slots 0..B-1 and padding them to the widest at most doubles them, are one
+    static forward through the graph (they ran eager by size class: session 86); passes that padding would more than
+    double still split. Either way the rounds decode exactly as plain greedy (float64)."""
+    from anchorspec.decode.engine import SpeculativeDecoding
+    from anchorspec.decode.round import BatchDecoder
+
+    torch._dynamo.reset()
+    target = tiny_target("llama")
+    drafter = random_drafter(target)
+    drafter.compile()
+    seen = _spy_rows(drafter)
+    for stretch, lengths in ((3, (9, 12, 14)), (4, (60, 6, 7))):
+        decoder, cfg = BatchDecoder(target), GenerationConfig(max_new_tokens=stretch + 8)
+        heads = [(torch.arange(n) * 7 + 1) % target.vocab_size for n in lengths]
+        decs = [SpeculativeDecoding(target, EagleProposer(drafter), p, cfg, TreeShape.chain(2)) for p in heads]
+        refs = [generate_vanilla(target, p, cfg).token_ids for p in heads]
+        decoder.round([(d, True) for d in decs])  # the prefills: the drafters read nothing yet
+        for _ in range(stretch):
+            decoder.round([(d, False) for d in decs])
+        seen.clear()
+        decoder.round([(d, True) for d in decs])
+        reads = sorted(call[0] for call in seen if call[0][1] > 1)  # (rows, padded width) of the catch-up forwards
+        sizes = [n + stretch for n in lengths]  # each prompt's features and the plain stretch's
+        if max(sizes) * len(sizes) <= 2 * sum(sizes):  # one forward over all rows, through the graph
+            assert reads == [(3, max(sizes))] and all(call[1] for call in seen if call[0] == reads[0])
+        else:  # the long one would more than double the padded tokens: it goes apart, by size class
+            assert reads == [(1, max(sizes)), (2, sorted(sizes)[1])], reads
+            # the long one alone in slot 0 through the graph; the two in slots 1 and 2 (not 0..B-1, not one) eager
+            assert [call[1] for call in seen if call[0][1] > 1] == [True, False]
+        while not all(d.finished for d in decs):
+            decoder.round([(d, True) for d in decs if not d.finished])
+        assert [d.result().token_ids for d in decs] == refs
     torch._dynamo.reset()
 
 

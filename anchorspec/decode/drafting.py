@@ -27,6 +27,7 @@ from typing import Generator
 import torch
 
 from ..errors import AnchorspecError
+from ..models.compiled import GRAPH_PREFILL_TOKENS
 from ..models.drafter import Eagle3Drafter
 from ..models.masks import CAUSAL, additive_mask
 from .batch import ForwardCache, KVSlot, inverse, padded_allowed, slot_order
@@ -130,14 +131,15 @@ def run_lockstep(programs: list[Program]) -> Lockstep:
 def run_passes(passes: list[DraftPass]) -> list[PassOutput | Exception]:
     """Run passes of different sequences; outputs in order. Passes on slots of one BatchKV with the
     same drafter share one padded forward: all passes of up to WIDE tokens, and wider ones by
-    power-of-two size class (so padding at most doubles a wide pass). A pass that fails alone gets
-    its exception; a failed shared forward is retried pass by pass."""
-    groups: dict[tuple[int, int, int], list[int]] = {}
+    power-of-two size class (so padding at most doubles a wide pass), or all of them through a compiled
+    drafter's graph (_forward_groups). A pass that fails alone gets its exception; a failed shared forward
+    is retried pass by pass."""
+    shared: dict[tuple[int, int], list[int]] = {}
     for i, p in enumerate(passes):
-        size_class = 0 if p.size <= WIDE else p.size.bit_length()
-        groups.setdefault((id(p.drafter), id(p.cache.kv), size_class), []).append(i)
+        shared.setdefault((id(p.drafter), id(p.cache.kv)), []).append(i)
+    groups = [group for members in shared.values() for group in _forward_groups(passes, members)]
     outs: list = [None] * len(passes)
-    for members in groups.values():
+    for members in groups:
         try:
             for i, out in zip(members, _forward([passes[i] for i in members])):
                 outs[i] = out
@@ -151,6 +153,37 @@ def run_passes(passes: list[DraftPass]) -> list[PassOutput | Exception]:
                 except Exception as exc:  # noqa: BLE001
                     outs[i] = exc
     return outs
+
+
+def _forward_groups(passes: list[DraftPass], members: list[int]) -> list[list[int]]:
+    """The forwards that passes on one cache (`members`) take: one, where a compiled drafter's graph runs them
+    all (`_one_graph_forward`), else all passes of up to WIDE tokens together and wider ones by size class."""
+    if _one_graph_forward([passes[i] for i in members]):
+        return [members]
+    classes: dict[int, list[int]] = {}
+    for i in members:
+        classes.setdefault(0 if passes[i].size <= WIDE else passes[i].size.bit_length(), []).append(i)
+    return list(classes.values())
+
+
+def _one_graph_forward(group: list[DraftPass]) -> bool:
+    """Whether a compiled drafter runs these passes as one static forward through its graph: they fill slots
+    0..B-1 of their cache or one slot (_graph_slots), none is wider than the prompts a target's graph takes
+    (GRAPH_PREFILL_TOKENS: SDPA's causal kernel wins above), and padding all to the widest at most doubles the
+    tokens, as a size class would. A server's catch-up (every row's drafter reading the positions it missed in
+    plain rounds, its prompt too) ran eager in size classes at 9-12k positions/s, as much time in elementwise
+    kernels as in GEMMs (16 rows, 116-202 positions each; AMX Xeon, bf16, 1 thread, session 86)."""
+    sizes = [p.size for p in group]
+    width = max(sizes)
+    return (group[0].drafter.compiled and _graph_slots(group[0].drafter, sorted(p.cache.index for p in group))
+            and width <= GRAPH_PREFILL_TOKENS and max(p.past for p in group) + width >= 2
+            and width * len(group) <= 2 * sum(sizes))
+
+
+def _graph_slots(drafter: Eagle3Drafter, indices: list[int]) -> bool:
+    """Slots a static forward can take: 0..B-1, or one slot through an AOT graph (a view of that slot's rows, as a
+    target's one-slot prefill: torch.compile would guard on the view's offset)."""
+    return indices == list(range(len(indices))) or (len(indices) == 1 and drafter.aot)
 
 
 def _forward(passes: list[DraftPass]) -> list[PassOutput]:
@@ -190,9 +223,10 @@ def _forward(passes: list[DraftPass]) -> list[PassOutput]:
             if not p.is_context:
                 x[b, :p.size] = p.x_in
     indices = [p.cache.index for p in passes]
-    # a compiled drafter runs passes past the prompt as static forwards (slots 0..B-1, always a mask),
-    # as a compiled target runs its decode and verify steps (decode/batch.py); a prompt's pass stays eager
-    static = drafter.compiled and min(past) > 0 and indices == list(range(B))
+    # a compiled drafter runs passes on slots 0..B-1 or one slot as static forwards (always a mask), as a compiled
+    # target runs its steps (decode/batch.py): those past the prompt, and a prompt or catch-up that run_passes gives
+    # it whole (_one_graph_forward); a long prompt stays eager
+    static = drafter.compiled and _graph_slots(drafter, indices) and (min(past) > 0 or _one_graph_forward(passes))
     if not static and alone is not None and past[0] == 0 and alone.block is None:
         mask = CAUSAL  # a first pass over a prompt: SDPA's own causal mask, no [T, T] tensor
     elif not static and alone is not None and width == 1 and (alone.block is None or bool(alone.block.all())):
