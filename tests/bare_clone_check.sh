@@ -37,7 +37,7 @@ if [ "$CHECK" = all ] || [ "$CHECK" = demo ]; then
   if bash scripts/demo.sh >"$WORK/demo.log" 2>&1 \
       && grep -q "outputs identical to plain: " "$WORK/demo.log" \
       && grep -q "x plain" "$WORK/demo.log"; then
-    grep -A6 "^== result" "$WORK/demo.log" >&2
+    grep -A8 "^== result" "$WORK/demo.log" >&2  # through the float32 check's line
     say "demo OK"
   else
     tail -20 "$WORK/demo.log" >&2
