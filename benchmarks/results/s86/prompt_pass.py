@@ -7,7 +7,8 @@ from anchorspec.api import load
 from anchorspec.decode.propose import EagleProposer
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 torch.set_num_threads(threads)
-engine = load("smollm2-135m-instruct", "checkpoints/smollm2-135m-instruct-eagle3.1", "auto", threads=threads, compile="auto")
+engine = load("smollm2-135m-instruct", "checkpoints/smollm2-135m-instruct-eagle3.1", "auto", threads=threads,
+              compile="auto")
 d = engine.drafter
 real = drafting._one_graph_forward
 H = d.config.target_hidden_size if hasattr(d.config, 'target_hidden_size') else 576
@@ -23,4 +24,5 @@ for n in (16, 64, 128, 256, 512):
             aux = torch.randn(n, naux, dtype=d.fc.weight.dtype)
             t = time.perf_counter(); prop.update(tokens, aux); ts.append(time.perf_counter() - t)
         res.setdefault(name, []).append(statistics.median(ts[1:]))
-    print(f"prompt {n}: eager {min(res['eager'])*1e3:.1f} ms, graph {min(res['graph'])*1e3:.1f} ms ({threads} threads)", flush=True)
+    print(f"prompt {n}: eager {min(res['eager'])*1e3:.1f} ms, graph {min(res['graph'])*1e3:.1f} ms "
+          f"({threads} threads)", flush=True)

@@ -3,7 +3,8 @@
 does, 1 thread): each run is a new scheduler that serves WARM requests 4 at a time, then N at 16 in flight, measured.
 Per block: the plain scheduler and the drafter's variants (`use`: "old", the catch-up as before session 86, eager by
 size class, a prompt's pass eager; "new", through the drafter's graph; "backoff", that and failed probes backing off:
-`git apply benchmarks/results/s86/failed-probe-backoff.patch` first, not kept), in alternating order. Every measured round of the drafter's run is
+`git apply benchmarks/results/s86/failed-probe-backoff.patch` first, not kept), in alternating order.
+Every measured round of the drafter's run is
 put in one of three kinds:
   plain   no row speculated;
   probe   some rows speculated in a forward apart from the plain rows' (a split round: retries);
@@ -141,7 +142,8 @@ def main():
     p.add_argument("--warm", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--variants", default="old,new", help="drafter variants per block, comma-separated: old, new, backoff")
+    p.add_argument("--variants", default="old,new",
+                   help="drafter variants per block, comma-separated: old, new, backoff")
     p.add_argument("--out", default=None, help="write every round of every run here (JSON)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

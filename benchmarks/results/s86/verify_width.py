@@ -73,7 +73,8 @@ def main():
     base = statistics.median(times[1])
     for w in widths:
         f = statistics.median(times[w])
-        print(f"width {w}: forward {f * 1e3:6.1f} ms ({f / base:.2f}x width 1), eager F.linear alone {gemm[w] * 1e3:6.1f} ms "
+        print(f"width {w}: forward {f * 1e3:6.1f} ms ({f / base:.2f}x width 1), "
+              f"eager F.linear alone {gemm[w] * 1e3:6.1f} ms "
               f"({args.rows * w} tokens)")
 
 
