@@ -253,6 +253,12 @@ def batch_allowed(trees: list[DraftTree], past_lens: list[int], width: int, kv_l
     return padded_allowed([tree.ancestors() for tree in trees], past_lens, width, kv_len)
 
 
+def static_slots(indices: list[int], one_slot: bool) -> bool:
+    """Whether a static ForwardCache takes a forward over these slots: 0..B-1, or with `one_slot` (an AOT graph, which
+    reads a view of that slot's rows; torch.compile would guard on the view's offset) any single slot."""
+    return indices == list(range(len(indices))) or (one_slot and len(indices) == 1)
+
+
 class ForwardCache:
     """The cache a model sees in one batched forward: HF's `past_key_values` (`update`) or the
     drafter's (`append`, one layer). Writes row b's new keys/values at its slot's rows past_b + j
@@ -367,9 +373,9 @@ def batch_forward(target: Target, slots: list[KVSlot], trees: list[DraftTree], c
         ids[b, tree.size:] = tree.tokens[0]  # any valid id: padding outputs are never read
     # a compiled target runs decode and verify steps as static forwards (slots 0..B-1), and an AOT-compiled one its
     # prefills of up to GRAPH_PREFILL_TOKENS too, in slots 0..B-1 or in one slot (a graph's mask has at least 2 keys)
-    in_order = indices == list(range(len(indices)))
-    static = target.compiled and (in_order if not last_only else target.aot and 2 <= width <= GRAPH_PREFILL_TOKENS
-                                  and (in_order or len(indices) == 1))
+    prefill_fits = target.aot and 2 <= width <= GRAPH_PREFILL_TOKENS
+    static = target.compiled and (static_slots(indices, False) if not last_only
+                                  else prefill_fits and static_slots(indices, True))
     if len(trees) == 1 and trees[0].is_chain and not static:
         mask = None  # plain causal attention: the model's own mask (SDPA may need none at all)
     else:

@@ -30,7 +30,7 @@ from ..errors import AnchorspecError
 from ..models.compiled import GRAPH_PREFILL_TOKENS
 from ..models.drafter import Eagle3Drafter
 from ..models.masks import CAUSAL, additive_mask
-from .batch import ForwardCache, KVSlot, inverse, padded_allowed, slot_order
+from .batch import ForwardCache, KVSlot, inverse, padded_allowed, slot_order, static_slots
 
 WIDE = 32  # passes with more new tokens (a prompt, a long plain stretch) batch only with passes of similar size
 
@@ -168,22 +168,18 @@ def _forward_groups(passes: list[DraftPass], members: list[int]) -> list[list[in
 
 def _one_graph_forward(group: list[DraftPass]) -> bool:
     """Whether a compiled drafter runs these passes as one static forward through its graph: they fill slots
-    0..B-1 of their cache or one slot (_graph_slots), none is wider than the prompts a target's graph takes
+    0..B-1 of their cache or one slot (static_slots), none is wider than the prompts a target's graph takes
     (GRAPH_PREFILL_TOKENS: SDPA's causal kernel wins above), and padding all to the widest at most doubles the
     tokens, as a size class would. A server's catch-up (every row's drafter reading the positions it missed in
     plain rounds, its prompt too) ran eager in size classes at 9-12k positions/s, as much time in elementwise
     kernels as in GEMMs (16 rows, 116-202 positions each; AMX Xeon, bf16, 1 thread, session 86)."""
+    drafter = group[0].drafter
+    if not drafter.compiled:  # an eager drafter's passes (every level of every round) need no more
+        return False
     sizes = [p.size for p in group]
     width = max(sizes)
-    return (group[0].drafter.compiled and _graph_slots(group[0].drafter, sorted(p.cache.index for p in group))
-            and width <= GRAPH_PREFILL_TOKENS and max(p.past for p in group) + width >= 2
-            and width * len(group) <= 2 * sum(sizes))
-
-
-def _graph_slots(drafter: Eagle3Drafter, indices: list[int]) -> bool:
-    """Slots a static forward can take: 0..B-1, or one slot through an AOT graph (a view of that slot's rows, as a
-    target's one-slot prefill: torch.compile would guard on the view's offset)."""
-    return indices == list(range(len(indices))) or (len(indices) == 1 and drafter.aot)
+    return (static_slots(sorted(p.cache.index for p in group), drafter.aot) and width <= GRAPH_PREFILL_TOKENS
+            and max(p.past for p in group) + width >= 2 and width * len(group) <= 2 * sum(sizes))
 
 
 def _forward(passes: list[DraftPass]) -> list[PassOutput]:
@@ -226,7 +222,7 @@ def _forward(passes: list[DraftPass]) -> list[PassOutput]:
     # a compiled drafter runs passes on slots 0..B-1 or one slot as static forwards (always a mask), as a compiled
     # target runs its steps (decode/batch.py): those past the prompt, and a prompt or catch-up that run_passes gives
     # it whole (_one_graph_forward); a long prompt stays eager
-    static = drafter.compiled and _graph_slots(drafter, indices) and (min(past) > 0 or _one_graph_forward(passes))
+    static = (drafter.compiled and min(past) > 0 and static_slots(indices, drafter.aot)) or _one_graph_forward(passes)
     if not static and alone is not None and past[0] == 0 and alone.block is None:
         mask = CAUSAL  # a first pass over a prompt: SDPA's own causal mask, no [T, T] tensor
     elif not static and alone is not None and width == 1 and (alone.block is None or bool(alone.block.all())):

@@ -49,7 +49,7 @@ def timed_forward(passes):
 
 
 drafting._forward = timed_forward
-new_one_graph, new_graph_slots = drafting._one_graph_forward, drafting._graph_slots
+new_one_graph, new_static_slots = drafting._one_graph_forward, drafting.static_slots
 
 
 def use(variant):
@@ -58,7 +58,7 @@ def use(variant):
     fallback.FAILED_PROBE_BACKOFF = variant == "backoff"
     old = variant == "old"
     drafting._one_graph_forward = (lambda group: False) if old else new_one_graph
-    drafting._graph_slots = (lambda drafter, idx: idx == list(range(len(idx)))) if old else new_graph_slots
+    drafting.static_slots = (lambda idx, one_slot: idx == list(range(len(idx)))) if old else new_static_slots
 
 
 def drain(scheduler, prompts, max_tokens, loop):
