@@ -758,9 +758,15 @@ def cmd_compile(args) -> int:
 
 
 def _print_twin(graph) -> None:
-    from .models.compiled import NarrowWide
+    from .models.attention import FEW_ROWS
+    from .models.compiled import ByQueryRows, NarrowWide
 
-    if isinstance(graph, NarrowWide):
+    if isinstance(graph, ByQueryRows):
+        _print_twin(graph.one)
+        print(f"{graph.path} ({graph.path.stat().st_size / 1e6:.0f} MB): its twin in {graph.few_form} attention for "
+              f"steps of 2-{FEW_ROWS} new tokens a row")
+        _print_twin(graph.few)
+    elif isinstance(graph, NarrowWide):
         print(f"{graph.path} ({graph.path.stat().st_size / 1e6:.0f} MB): its twin for steps of up to {graph.up_to} "
               "new rows (inductor's C++ GEMM template)")
 

@@ -13,11 +13,14 @@ from helpers import FAMILIES, prompts, tiny_target
 
 @pytest.fixture
 def force_form(monkeypatch, tmp_path):
-    """force_form(GQA or ROWS): every one-row call takes that form (nothing read from a cached verdict)."""
-    def force(form):
+    """force_form(GQA or ROWS[, few]): every one-row call takes that form, every call of 2..FEW_ROWS rows `few` (the
+    same form unless given); nothing read from a cached verdict."""
+    def force(form, few=None):
         monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path / "home"))
         monkeypatch.setattr(attention, "_one_row_form", {})
+        monkeypatch.setattr(attention, "_few_rows_form", {})
         monkeypatch.setattr(attention, "_probe_one_row", lambda *a: form)
+        monkeypatch.setattr(attention, "_probe_few_rows", lambda *a: few or form)
     return force
 
 
@@ -142,15 +145,13 @@ def test_masks_per_head_and_causal_prefills_are_left_to_transformers(force_form,
 
 
 @pytest.mark.parametrize("form", [GQA, ROWS])
-def test_an_exported_graph_takes_the_graph_form_at_every_row_count(force_form, form):
+def test_an_exported_graph_takes_the_form_it_is_traced_in(form):
     """A step graph has one body for every T: traced with T symbolic (torch.export, as models/compiled.py
-    does), grouped attention takes graph_form's form and still computes multi-head attention with
-    repeated keys at 1, 2 and 5 rows, masked (float64). Group-as-rows' reshapes once put an unprovable
+    does) inside traced_in(form), grouped attention takes that form at every row count (group-as-rows repeats the
+    mask per group; enable_gqa is one SDPA call with the flag) and still computes multi-head attention with
+    repeated keys at 1, 2, 5 and FEW_ROWS + 1 rows, masked (float64). Group-as-rows' reshapes once put an unprovable
     guard on T into the export, which failed."""
     from torch.export import Dim, export
-
-    force_form(form)
-    assert attention.graph_form(torch.device("cpu"), torch.float64, 2, 3, 8) == form
 
     class Attend(torch.nn.Module):
         def forward(self, q, k, v, mask):
@@ -160,11 +161,34 @@ def test_an_exported_graph_takes_the_graph_form_at_every_row_count(force_form, f
     torch.manual_seed(2)
     k, v = torch.randn(1, 2, 11, 8, dtype=torch.float64), torch.randn(1, 2, 11, 8, dtype=torch.float64)
     example = (torch.randn(1, 3, 6, 8, dtype=torch.float64), k, v, torch.zeros(1, 1, 3, 11, dtype=torch.float64))
-    graph = export(Attend(), example, dynamic_shapes=({1: rows}, {2: keys}, {2: keys}, {2: rows, 3: keys}),
-                   strict=False).module()
-    for t in (1, 2, 5):
+    with attention.traced_in(form):
+        program = export(Attend(), example, dynamic_shapes=({1: rows}, {2: keys}, {2: keys}, {2: rows, 3: keys}),
+                         strict=False)
+    calls = [n for n in program.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert len(calls) == 1 and bool(calls[0].kwargs.get("enable_gqa")) == (form == GQA)
+    graph = program.module()
+    for t in (1, 2, 5, attention.FEW_ROWS + 1):
         q = torch.randn(1, t, 6, 8, dtype=torch.float64)
         mask = torch.zeros(1, 1, t, 11, dtype=torch.float64)
         mask[:, :, 0, -1] = float("-inf")
         torch.testing.assert_close(graph(q, k, v, mask), reference(q.transpose(1, 2), k, v, mask),
                                    rtol=1e-12, atol=1e-12)
+
+
+def test_graph_forms_are_the_two_verdicts_on_a_cpu(force_form):
+    force_form(GQA, ROWS)
+    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 3, 8) == (GQA, ROWS)
+    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 1, 8) == (GQA, GQA)  # no groups: stock SDPA
+
+
+def test_eager_calls_take_the_form_of_their_row_count(force_form, monkeypatch):
+    """One row: the one-row verdict; 2..FEW_ROWS rows: the few-row verdict; more: enable_gqa (session 87: group-as-rows
+    lost at prefill lengths on the AMX Xeon in bf16)."""
+    force_form(GQA, ROWS)
+    grouped, group_rows = [], attention._group_rows
+    monkeypatch.setattr(attention, "_group_rows", lambda *a: grouped.append(a[0].shape[2]) or group_rows(*a))
+    k = torch.randn(1, 2, 30, 8, dtype=torch.float64)
+    for t in (1, 2, attention.FEW_ROWS, attention.FEW_ROWS + 1):
+        q, mask = torch.randn(1, 6, t, 8, dtype=torch.float64), torch.zeros(1, 1, t, 30, dtype=torch.float64)
+        torch.testing.assert_close(grouped_attention(q, k, k, mask), reference(q, k, k, mask), rtol=1e-12, atol=1e-12)
+    assert grouped == [2, attention.FEW_ROWS]

@@ -30,9 +30,8 @@ def compiled_llama():
     torch._dynamo.reset()
 
 
-def test_compiled_target_decodes_losslessly(compiled_llama):
-    target, calls = compiled_llama
-    eager = tiny_target("llama")  # same seed: the same weights, never compiled
+def assert_lossless(target, eager):
+    """Greedy plain and speculative output (a random drafter's chain and tree) on `target` == plain greedy on `eager`."""
     proposer = EagleProposer(random_drafter(target))
     cfg = GenerationConfig(max_new_tokens=16)
     for prompt in prompts():
@@ -40,6 +39,12 @@ def test_compiled_target_decodes_losslessly(compiled_llama):
         assert generate_vanilla(target, prompt, cfg).token_ids == ref
         for shape in (TreeShape.chain(4), TreeShape(2, 3, 6)):
             assert generate_speculative(target, proposer, prompt, cfg, shape).token_ids == ref, shape
+
+
+def test_compiled_target_decodes_losslessly(compiled_llama):
+    target, calls = compiled_llama
+    eager = tiny_target("llama")  # same seed: the same weights, never compiled
+    assert_lossless(target, eager)
     assert {tuple(s) for s in calls} >= {(1, 1), (1, 5), (1, 6)}  # plain steps, chain and tree verifies
     assert target.compiles == 1  # one graph for all of them
 
@@ -419,4 +424,33 @@ def test_warm_up_compiles_every_graph_a_generation_meets():
     ahead = engine(aot=True)  # a CPU's default: one graph each, the warm-up builds or loads both
     assert ahead.warm_up() == 2 and ahead.target.compiles == ahead.drafter.compiles == 1
     assert compiled_during(ahead) == 0
+    torch._dynamo.reset()
+
+
+def test_a_graph_per_attention_form_stays_lossless(monkeypatch, tmp_path):
+    """Where the one-row and few-row attention verdicts differ, the target keeps a graph traced in each
+    (models/compiled.py: ByQueryRows): plain steps and prefills take the one-row graph, chains and trees of up to
+    FEW_ROWS tokens the other, and greedy output, plain and speculative, equals plain greedy on the eager target
+    (float64)."""
+    from anchorspec.models import attention
+    from anchorspec.models.compiled import ByQueryRows
+
+    monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path))
+    for memo in ("_one_row_form", "_few_rows_form"):
+        monkeypatch.setattr(attention, memo, {})
+    monkeypatch.setattr(attention, "_probe_one_row", lambda *a: attention.GQA)
+    monkeypatch.setattr(attention, "_probe_few_rows", lambda *a: attention.ROWS)
+    torch._dynamo.reset()
+    target, eager = tiny_target("llama"), tiny_target("llama")
+    target.compile()
+    graph = target.load_graph()
+    assert isinstance(graph, ByQueryRows) and graph.path.is_file() and target.aot_path().is_file()
+    widths = {"one": [], "few": []}
+    for name in widths:
+        run = getattr(graph, name)
+        setattr(graph, name, lambda args, mask, *rest, run=run, seen=widths[name]: seen.append(mask.shape[2])
+                or run(args, mask, *rest))
+    assert_lossless(target, eager)
+    assert 1 in widths["one"] and all(w == 1 or w > attention.FEW_ROWS for w in widths["one"])
+    assert {5, 6} <= set(widths["few"]) and all(1 < w <= attention.FEW_ROWS for w in widths["few"])
     torch._dynamo.reset()

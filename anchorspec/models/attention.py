@@ -15,20 +15,24 @@ threads, 512 keys, µs per call (benchmarks/bench_attention.py, results in bench
 | 16, mask | bf16 | **276** | 343 | 264 (mask repeated) |
 
 transformers decodes one row with `enable_gqa` (no mask: 4.7x group-as-rows' time here in bf16) and
-verifies with repeated keys and values. Here: several rows with a mask use `enable_gqa` (group-as-rows
-is up to ~25 % faster at 2-4 rows in bf16, slower from 8 rows on: not worth a second rule), and one row uses whichever
-of `enable_gqa` and group-as-rows a short probe measures faster for the dtype and shapes (cached per
-machine, as the dtype probe is). A compiled step graph has one body for every row count, so it takes
-one form for all of them (`graph_form`): group-as-rows, the mask repeated per group, where the probe
-chose it for one row. Session 47 (AMD EPYC, avx512_bf16, no AMX, 2 threads, 400 keys, bf16): 61 µs
-against 228 with `enable_gqa` at 1 row, as fast at 2-4 rows, 3-9 % slower at 8-32; inside the AOT
-graph, where `enable_gqa` had run every row count, a plain step took 16.1 ms against 14.2 for a
-two-token verify. The forms compute the same dot products and softmax per row; equality with the stock path is
-tested, and lossless decoding does not depend on it (plain and speculative steps share this function)."""
+verifies with repeated keys and values. Here a call takes one of three forms by its query rows T (new tokens per
+sequence): T = 1 (a plain step) and 2 <= T <= FEW_ROWS (a verify, a drafter's pass) each take whichever of
+`enable_gqa` and group-as-rows a short probe at that kind of shape measures faster for the dtype (cached per machine,
+as the dtype probe is); longer ones (prefills, catch-ups) take `enable_gqa`, which wins there. Session 87 (AMX Xeon,
+bf16, 1 thread, µs per call): 16 sequences x 2 rows over 150 keys 650 (`enable_gqa`) against 418 (group-as-rows),
+4 x 4 over 256 254 against 167, but 16 x 1 231 against 375 and 1 x 512 causal 2,326 against 2,570; in float32 every
+shape was 6-25 % faster with `enable_gqa`. A compiled step graph has one body for every T and is traced in one form
+(`traced_in`); where the two verdicts differ, a model keeps a graph per form and steps of 2..FEW_ROWS rows take the
+few-row one (models/compiled.py: ByQueryRows): in the target's graphs at 16 sequences a 2-token verify took 53.6 ms
+in group-as-rows against 68.6 in `enable_gqa`, a plain step 47.7 against 43.0. (Both forms as `torch.cond` branches
+of one graph computed wrong logits for T >= 2 in SmolLM2's bf16 graph, though not in small models'.) The forms
+compute the same dot products and softmax per row; equality with the stock path is tested, and lossless decoding does
+not depend on it (plain and speculative steps share this function)."""
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -38,23 +42,37 @@ from .dtype import cached_verdict, machine_key, on_cpu
 IMPLEMENTATION = "anchorspec_sdpa"  # the name the target's config carries once use_grouped_attention ran
 GQA, ROWS = "enable_gqa", "rows"
 PROBE_VERSION = 1  # bump when the probe changes, so old verdicts are not reused
+FEW_ROWS = 16  # query rows up to which a call takes the few-row verdict: chains and 16-node trees, drafter passes
 _one_row_form: dict[tuple, str] = {}
+_few_rows_form: dict[tuple, str] = {}
+_traced_form = GQA  # the form an exported graph is being traced in (traced_in)
 _transformers_sdpa = None  # transformers' own SDPA function, bound when hf_attention is registered
 
 
-def _probe_one_row(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
-    """GQA or ROWS: the faster one-row form at 256 keys, median of 15 calls each (a few ms, once)."""
-    keys = torch.randn(1, kv_heads, 256, head_dim, device=device).to(dtype)
-    query = torch.randn(1, kv_heads * groups, 1, head_dim, device=device).to(dtype)
+def _faster_form(query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> str:
+    """GQA or ROWS: the faster form for these inputs, median of 15 calls each (a few ms)."""
     cost = {}
     for form in (GQA, ROWS):
         times = []
         for _ in range(18):
             t0 = time.perf_counter()
-            _one_row(query, keys, keys, None, None, form)
+            _attend(query, keys, keys, mask, None, form)
             times.append(time.perf_counter() - t0)
         cost[form] = sorted(times[3:])[len(times[3:]) // 2]
     return ROWS if cost[ROWS] < cost[GQA] else GQA
+
+
+def _probe_one_row(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
+    """The faster form for one sequence's plain step over 256 keys (no mask)."""
+    keys = torch.randn(1, kv_heads, 256, head_dim, device=device).to(dtype)
+    return _faster_form(torch.randn(1, kv_heads * groups, 1, head_dim, device=device).to(dtype), keys, None)
+
+
+def _probe_few_rows(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
+    """The faster form for a verify of 4 sequences x 4 new tokens over 256 keys, masked."""
+    keys = torch.randn(4, kv_heads, 256, head_dim, device=device).to(dtype)
+    query = torch.randn(4, kv_heads * groups, 4, head_dim, device=device).to(dtype)
+    return _faster_form(query, keys, torch.zeros(4, 1, 4, 256, device=device, dtype=dtype))
 
 
 def _memo(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> tuple:
@@ -62,23 +80,35 @@ def _memo(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, 
     return device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads()
 
 
-def one_row_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
-    """GQA or ROWS for one query row: probed once per machine and shapes (cached under
-    $ANCHORSPEC_HOME/attention/, so every process on a machine rounds alike), then kept in memory."""
+def _form_verdict(forms: dict, probe, what: dict, device: torch.device, dtype: torch.dtype, kv_heads: int,
+                  groups: int, head_dim: int) -> str:
+    """GQA or ROWS from `probe`: measured once per machine and shapes (cached under $ANCHORSPEC_HOME/attention/, so
+    every process on a machine rounds alike), then kept in `forms` (memory)."""
     memo = _memo(device, dtype, kv_heads, groups, head_dim)
-    if memo not in _one_row_form:
+    if memo not in forms:
         def measure() -> dict:
             with torch.inference_mode():
-                return {"form": _probe_one_row(device, dtype, kv_heads, groups, head_dim)}
+                return {"form": probe(device, dtype, kv_heads, groups, head_dim)}
 
         key = machine_key(device=device.type, dtype=str(dtype), kv_heads=kv_heads, groups=groups, head_dim=head_dim,
-                          probe=PROBE_VERSION)
+                          probe=PROBE_VERSION, **what)
         record, _ = cached_verdict("attention", key, measure, lambda r: r.get("form") in (GQA, ROWS))
-        _one_row_form[memo] = record["form"]
-    return _one_row_form[memo]
+        forms[memo] = record["form"]
+    return forms[memo]
 
 
-def _one_row(query, key, value, mask, scale, form: str) -> torch.Tensor:
+def one_row_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
+    """GQA or ROWS for one query row (a plain step)."""
+    return _form_verdict(_one_row_form, _probe_one_row, {}, device, dtype, kv_heads, groups, head_dim)
+
+
+def few_rows_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
+    """GQA or ROWS for 2..FEW_ROWS query rows (a verify, a drafter's pass)."""
+    return _form_verdict(_few_rows_form, _probe_few_rows, {"query_rows": "few"}, device, dtype, kv_heads, groups,
+                         head_dim)
+
+
+def _attend(query, key, value, mask, scale, form: str) -> torch.Tensor:
     if form == GQA:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=True)
     return _group_rows(query, key, value, mask, scale)
@@ -98,13 +128,24 @@ def _group_rows(query, key, value, mask, scale) -> torch.Tensor:
     return out.unflatten(2, (groups, T)).flatten(1, 2)
 
 
-def graph_form(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> str:
-    """The form a step graph compiled for these shapes uses at every row count (see the module docstring):
-    the one-row verdict on a CPU (probed now, before any tracing, which cannot time anything), else GQA.
-    Part of the graph's key: a graph is compiled for the form it was traced with."""
+def graph_forms(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> tuple[str, str]:
+    """(one-row form, few-row form) of a model's step graphs: the verdicts on a CPU (probed now, before any tracing,
+    which cannot time anything), else GQA for both."""
     if groups < 2 or device.type != "cpu":
-        return GQA
-    return one_row_form(device, dtype, kv_heads, groups, head_dim)
+        return GQA, GQA
+    return (one_row_form(device, dtype, kv_heads, groups, head_dim),
+            few_rows_form(device, dtype, kv_heads, groups, head_dim))
+
+
+@contextmanager
+def traced_in(form: str):
+    """Grouped attention in an exported graph takes `form` at every row count while this is open."""
+    global _traced_form
+    before, _traced_form = _traced_form, form
+    try:
+        yield
+    finally:
+        _traced_form = before
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -115,15 +156,17 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     groups = H // key.shape[1]
     if groups > 1 and not is_causal and on_cpu(query) and (mask is None or mask.shape[1] == 1):
         if torch.compiler.is_compiling():
-            # an exported step graph (AOT) has one body for every T: the form graph_form chose before tracing.
+            # an exported step graph (AOT) has one body for every T: the form it is traced in (traced_in).
             # torch.compile keeps enable_gqa: its guards on the regrouped shapes recompiled as T varied
             # (and dynamo guarded on the memo dict it read, recompiling whenever a probe added to it)
-            if (torch.compiler.is_exporting()
-                    and _one_row_form.get(_memo(query.device, query.dtype, key.shape[1], groups, D)) == ROWS):
+            if torch.compiler.is_exporting() and _traced_form == ROWS:
                 return _group_rows(query, key, value, mask, scale)
         elif T == 1:
             form = one_row_form(query.device, query.dtype, key.shape[1], groups, D)
-            return _one_row(query, key, value, mask, scale, form)
+            return _attend(query, key, value, mask, scale, form)
+        elif T <= FEW_ROWS:
+            form = few_rows_form(query.device, query.dtype, key.shape[1], groups, D)
+            return _attend(query, key, value, mask, scale, form)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, is_causal=is_causal,
                                           enable_gqa=groups > 1)
 

@@ -231,7 +231,48 @@ def _aot_write(owner: torch.nn.Module, body: Callable, example: tuple, dynamic: 
 
 
 def step_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[..., tuple],
-               args: tuple[tuple[str, ...], ...], layers: int, key: tuple[Path, str], what: str) -> Callable | None:
+               args: tuple[tuple[str, ...], ...], layers: int, key: tuple[Path, str], what: str,
+               forms: tuple[str, str] = ("enable_gqa", "enable_gqa")) -> Callable | None:
+    """_form_graph in grouped attention's one-row form (`forms`: models/attention.py's graph_forms; `key` names that
+    form's graph); where the few-row form differs, a second graph traced in it, which steps of 2..FEW_ROWS new tokens
+    a row take (ByQueryRows). None where no graph can be compiled."""
+    from .attention import traced_in
+
+    one, few = forms
+    with traced_in(one):
+        first = _form_graph(owner, body, example_of, args, layers, key, what)
+    if one == few or first is None:
+        return first
+    few_key = form_key(key, few)
+    with traced_in(few):
+        second = _form_graph(owner, body, example_of, args, layers, few_key, f"{what} in {few} attention")
+    return first if second is None else ByQueryRows(first, second, few, few_key[0])
+
+
+def form_key(key: tuple[Path, str], form: str) -> tuple[Path, str]:
+    """The key of the graph `key` names (aot_graph_key's), traced in attention `form` instead."""
+    path, text = key
+    text = json.dumps({**json.loads(text), "attention": form}, sort_keys=True, default=str)
+    return path.with_name(f"{path.stem.split('-')[0]}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"), text
+
+
+class ByQueryRows:
+    """One step, a graph per grouped-attention form (models/attention.py): steps of 2..FEW_ROWS new tokens a row (a
+    verify, a drafter's pass) take `few`, the rest (plain steps, prefills) `one`. Both compute the same step; their
+    sums may round differently in the last bit, as a one-token step and a verify already do."""
+
+    def __init__(self, one: Callable, few: Callable, few_form: str, path: Path):
+        self.one, self.few, self.few_form, self.path = one, few, few_form, path  # path: the few-row graph's file
+
+    def __call__(self, args, mask, rows, cols, keys, values):
+        from .attention import FEW_ROWS
+
+        graph = self.few if 1 < mask.shape[2] <= FEW_ROWS else self.one
+        return graph(args, mask, rows, cols, keys, values)
+
+
+def _form_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[..., tuple],
+                args: tuple[tuple[str, ...], ...], layers: int, key: tuple[Path, str], what: str) -> Callable | None:
     """aot_compile for a static-cache step: `args` names each leading input's dimensions ("rows",
     "tokens", "kept"); the mask [rows, 1, tokens, keys], the cache's slot rows and columns and `layers`
     key and value buffers [slots, heads, capacity, head_dim] are laid out as StaticCache reads them.

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..atomic import atomic_write
 from ..errors import AnchorspecError
-from .attention import graph_form, grouped_attention
+from .attention import graph_forms, grouped_attention
 from .compiled import (aot_graph_key, frozen_compile, graphs_compiled, mark_dynamic, run_static, static_cache_dims,
                        static_example, step_graph, weights_digest)
 from .masks import CAUSAL, additive_mask, causal_mask  # noqa: F401 (additive_mask: re-exported)
@@ -471,7 +471,8 @@ class Eagle3Drafter(nn.Module):
             self.compiles += 1
             self._aot = step_graph(self, self._aot_body, self._aot_example,
                                    (("rows", "tokens"), ("rows", "tokens"), ("rows", "tokens"), ("kept",)),
-                                   len(self.decoder_layers), self._graph_key(), "the drafter's pass graph")
+                                   len(self.decoder_layers), self._graph_key(), "the drafter's pass graph",
+                                   self._graph_forms())
         return self._aot
 
     def aot_path(self) -> Path:
@@ -487,10 +488,15 @@ class Eagle3Drafter(nn.Module):
             c, weight = self.config, self.fc.weight
             fields = {"weights": weights_digest(self, {"embedding": self.embed_weight}),
                       "config": json.dumps(asdict(c), sort_keys=True, default=str),
-                      "attention": graph_form(weight.device, weight.dtype, c.num_key_value_heads,
-                                              c.num_attention_heads // c.num_key_value_heads, c.head_dim)}
+                      "attention": self._graph_forms()[0]}
             self._graph_file = aot_graph_key("drafter", fields)
         return self._graph_file
+
+    def _graph_forms(self) -> tuple[str, str]:
+        """Grouped attention's (one-row, few-row) forms in this drafter's graphs (models/attention.py: graph_forms)."""
+        c, weight = self.config, self.fc.weight
+        return graph_forms(weight.device, weight.dtype, c.num_key_value_heads,
+                           c.num_attention_heads // c.num_key_value_heads, c.head_dim)
 
     def _aot_body(self, token_ids, x_in, position_ids, rows, mask, cache):
         return rows_forward(self, token_ids, x_in, position_ids, cache, mask, rows)

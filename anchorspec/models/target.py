@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import AnchorspecError
-from .attention import graph_form, use_grouped_attention, uses_grouped_attention
+from .attention import GQA, graph_forms, use_grouped_attention, uses_grouped_attention
 from .compiled import (aot_graph_key, frozen_compile, graphs_compiled, mark_dynamic, run_static, static_cache_dims,
                        static_example, step_graph, weights_digest)
 from .dtype import DTYPES, model_shapes, parse_dtype, resolve_device, resolve_packing, resolve_target_dtype  # noqa: F401 (DTYPES, parse_dtype: re-exported)
@@ -245,7 +245,7 @@ class Target:
             self.compiles += 1
             self._aot = step_graph(self.model, self._aot_body, self._aot_example,
                                    (("rows", "tokens"), ("rows", "tokens"), ("kept",)), self.num_layers,
-                                   self._graph_key(), "the target's step graph")
+                                   self._graph_key(), "the target's step graph", self._graph_forms())
         return self._aot
 
     def aot_path(self, fuse: bool = True) -> Path:
@@ -254,10 +254,15 @@ class Target:
         the config, the aux layers it returns, the CPU and the library versions."""
         return self._graph_key(fuse)[0]
 
-    def _graph_key(self, fuse: bool = True) -> tuple[Path, str]:
+    def _graph_forms(self) -> tuple[str, str]:
+        """Grouped attention's (one-row, few-row) forms in this target's graphs (models/attention.py: graph_forms)."""
         weight, (kv_heads, groups, head_dim) = self.embed_weight, self._attention_shape()
-        attention = graph_form(weight.device, weight.dtype, kv_heads, groups, head_dim) \
-            if uses_grouped_attention(self.model) else "stock"
+        return graph_forms(weight.device, weight.dtype, kv_heads, groups, head_dim) \
+            if uses_grouped_attention(self.model) else (GQA, GQA)
+
+    def _graph_key(self, fuse: bool = True) -> tuple[Path, str]:
+        """The key of the graph traced in the one-row form (the few-row form's, where it differs: compiled.form_key)."""
+        attention = self._graph_forms()[0] if uses_grouped_attention(self.model) else "stock"
         fields = {"weights": self._weights_key or (self._stock_digest(), fuse), "config": self.config.to_json_string(),
                   "aux": list(self.aux_layer_ids), "model": type(self.model).__name__, "attention": attention}
         return aot_graph_key("target", fields)
