@@ -436,6 +436,7 @@ def test_a_graph_per_attention_form_stays_lossless(monkeypatch, tmp_path):
     from anchorspec.models.compiled import ByQueryRows
 
     monkeypatch.setenv("ANCHORSPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("ANCHORSPEC_FEW_ROWS_GRAPH", "on")  # conftest keeps one graph per model elsewhere
     for memo in ("_one_row_form", "_few_rows_form"):
         monkeypatch.setattr(attention, memo, {})
     monkeypatch.setattr(attention, "_probe_one_row", lambda *a: attention.GQA)

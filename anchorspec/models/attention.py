@@ -130,11 +130,16 @@ def _group_rows(query, key, value, mask, scale) -> torch.Tensor:
 
 def graph_forms(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> tuple[str, str]:
     """(one-row form, few-row form) of a model's step graphs: the verdicts on a CPU (probed now, before any tracing,
-    which cannot time anything), else GQA for both."""
+    which cannot time anything), else GQA for both. ANCHORSPEC_FEW_ROWS_GRAPH=off: the one-row form for both (one
+    graph per model: no second compile)."""
+    from .hub import switched_on
+
     if groups < 2 or device.type != "cpu":
         return GQA, GQA
-    return (one_row_form(device, dtype, kv_heads, groups, head_dim),
-            few_rows_form(device, dtype, kv_heads, groups, head_dim))
+    one = one_row_form(device, dtype, kv_heads, groups, head_dim)
+    if not switched_on("ANCHORSPEC_FEW_ROWS_GRAPH"):
+        return one, one
+    return one, few_rows_form(device, dtype, kv_heads, groups, head_dim)
 
 
 @contextmanager
