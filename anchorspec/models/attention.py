@@ -76,7 +76,7 @@ def _probe_few_rows(device: torch.device, dtype: torch.dtype, kv_heads: int, gro
 
 
 def _memo(device: torch.device, dtype: torch.dtype, kv_heads: int, groups: int, head_dim: int) -> tuple:
-    """The in-memory key of a one-row verdict (_one_row_form)."""
+    """The in-memory key of a form verdict (_one_row_form, _few_rows_form)."""
     return device.type, dtype, kv_heads, groups, head_dim, torch.get_num_threads()
 
 

@@ -252,8 +252,7 @@ def step_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[...,
 def form_key(key: tuple[Path, str], form: str) -> tuple[Path, str]:
     """The key of the graph `key` names (aot_graph_key's), traced in attention `form` instead."""
     path, text = key
-    text = json.dumps({**json.loads(text), "attention": form}, sort_keys=True, default=str)
-    return path.with_name(f"{path.stem.split('-')[0]}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"), text
+    return _sibling_key(path, {**json.loads(text), "attention": form})
 
 
 class ByQueryRows:
@@ -331,6 +330,11 @@ def narrow_key(key: tuple[Path, str]) -> tuple[Path, str]:
     constant in its code), so a twin compiled by a 1-thread process would run every step on one core of two."""
     path, text = key
     fields = {**json.loads(text), "gemm": "cpp", "threads": torch.get_num_threads()}
+    return _sibling_key(path, fields)
+
+
+def _sibling_key(path: Path, fields: dict) -> tuple[Path, str]:
+    """A key beside `path` (same kind, the file named by the hash of `fields`), as aot_graph_key names its files."""
     text = json.dumps(fields, sort_keys=True, default=str)
     return path.with_name(f"{path.stem.split('-')[0]}-{hashlib.sha1(text.encode()).hexdigest()[:16]}.pt2"), text
 
