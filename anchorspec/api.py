@@ -257,7 +257,8 @@ class Engine:
 
 def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: int | None = None,
          shape: TreeShape | None = None, fallback: bool = True, pack: str | None = None,
-         compile: bool | str = False, remember: bool | None = None, expected_tokens: int | None = None) -> Engine:
+         compile: bool | str = False, remember: bool | None = None, expected_tokens: int | None = None,
+         batched: bool = False) -> Engine:
     """`dtype="auto"`: bfloat16 where it is faster than float32 on this machine (see models/dtype.py).
     `pack` ("auto", "on", "off"; None: $ANCHORSPEC_PACK or auto): prepack the target's weights for
     oneDNN where the probe measured that faster (models/packed.py). `compile`: Target.compile() (its
@@ -273,7 +274,9 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     `fallback=False`: speculate at every step, even where plain decoding would be faster.
     `remember` (None: on unless $ANCHORSPEC_REMEMBER=off): start from the step costs and acceptance
     that earlier runs of this target, drafter, dtype and machine measured, and add this run's to
-    them (kept under $ANCHORSPEC_HOME/costs); off: calibrate afresh and keep nothing."""
+    them (kept under $ANCHORSPEC_HOME/costs); off: calibrate afresh and keep nothing. `batched`: the engine will run
+    rounds of several sequences (a server's scheduler), so compiled models keep a second graph where grouped
+    attention's few-row form is faster (models/attention.py: graph_forms); one stream does not repay its compile."""
     if threads:
         torch.set_num_threads(threads)  # before the dtype probe and the profile look-up: both depend on it
     torch_dtype = resolve_target_dtype(dtype, target, pack=pack)  # with compile too: its frozen graph packs
@@ -295,9 +298,9 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
         if not compile:
             pack_if_faster(loaded.model, pack, torch_dtype)  # as load_target would have
     if compile:
-        loaded.compile()
+        loaded.compile(batched=batched)
         if d is not None:
-            d.compile(aot=loaded.aot)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
+            d.compile(aot=loaded.aot, batched=batched)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
     if remember is None:
         remember = switched_on("ANCHORSPEC_REMEMBER")
     costs_file, pack_drafter = None, None  # None: Engine packs the drafter as the target's weights are

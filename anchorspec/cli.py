@@ -696,7 +696,7 @@ def cmd_serve(args) -> int:
     shape = TreeShape.chain(args.chain) if args.chain is not None else args.tree  # None: tuned, else default
     monitor = DriftMonitor(threshold=args.fallback_threshold, enabled=not args.no_fallback)
     engine = load(args.target, args.drafter, args.dtype, threads=args.threads, shape=shape,
-                  compile=_compile_choice(args.compile))
+                  compile=_compile_choice(args.compile), batched=args.max_running > 1)
     name = args.model_name or Path(args.target.rstrip("/")).name
     api_key = args.api_key or os.environ.get("ANCHORSPEC_API_KEY")
     lookup = serve_lookup(args)
@@ -740,7 +740,7 @@ def cmd_compile(args) -> int:
     if args.drafter and not Path(args.drafter).is_dir():
         raise AnchorspecError(f"--drafter directory {args.drafter} does not exist")
     start = time.perf_counter()
-    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, compile=True)
+    engine = load(args.target, args.drafter, args.dtype, threads=args.threads, compile=True, batched=args.batched)
     target = engine.target
     if not target.aot:
         print(f"anchorspec: compiled with torch.compile on {target.embed_weight.device} (nothing is kept on "
@@ -880,6 +880,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(co)
     co.add_argument("--drafter", help="the drafter it will run with (its aux layers are the graph's outputs); "
                                       "default: the target's default aux layers, those of the released drafters")
+    co.add_argument("--batched", action="store_true",
+                    help="also the graphs a server's batched rounds take (`serve` compiles them at start where "
+                         "missing): where grouped attention is faster in another form for 2-16 new tokens a row, a "
+                         "second graph per model, about as long again to compile")
     _add_dtype(co)
     _add_threads(co)
     co.set_defaults(func=cmd_compile)

@@ -178,10 +178,11 @@ def test_an_exported_graph_takes_the_form_it_is_traced_in(form):
 def test_graph_forms_are_the_two_verdicts_on_a_cpu(force_form, monkeypatch):
     force_form(GQA, ROWS)
     monkeypatch.setenv("ANCHORSPEC_FEW_ROWS_GRAPH", "off")  # one graph per model: the one-row form throughout
-    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 3, 8) == (GQA, GQA)
+    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 3, 8, batched=True) == (GQA, GQA)
     monkeypatch.setenv("ANCHORSPEC_FEW_ROWS_GRAPH", "on")
-    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 3, 8) == (GQA, ROWS)
-    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 1, 8) == (GQA, GQA)  # no groups: stock SDPA
+    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 3, 8, batched=True) == (GQA, ROWS)
+    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 3, 8) == (GQA, GQA)  # one stream: one graph
+    assert attention.graph_forms(torch.device("cpu"), torch.float64, 2, 1, 8, batched=True) == (GQA, GQA)  # no groups
 
 
 def test_eager_calls_take_the_form_of_their_row_count(force_form, monkeypatch):

@@ -217,6 +217,26 @@ def test_serve_port_in_use_fails_before_loading(capsys, no_model_loads):
     assert err.count("\n") == 1 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in err, err
 
 
+def test_only_a_server_or_a_batched_compile_asks_for_the_batched_graphs(capsys, monkeypatch):
+    """A second graph per model (models/attention.py: graph_forms) pays only for rounds of several sequences:
+    `serve` asks for it unless it runs one at a time, `compile` with --batched; `generate` never."""
+    asked = []
+
+    def load(*args, **kwargs):
+        asked.append(kwargs.get("batched", False))
+        raise AnchorspecError("stop here: load was called")
+
+    monkeypatch.setattr(anchorspec.api, "load", load)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    for argv in (["serve", "--port", port], ["serve", "--port", port, "--max-running", "1"],
+                 ["compile", "--batched"], ["compile"], ["generate", "--prompt", "hi", "--no-spec"]):
+        code, _, err = run(argv + ["--target", "smollm2-135m-instruct"], capsys)
+        assert code == 2 and "stop here" in err, (argv, err)
+    assert asked == [True, False, True, False, False]
+
+
 def test_serve_free_port_passes_the_check():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

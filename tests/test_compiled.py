@@ -443,9 +443,12 @@ def test_a_graph_per_attention_form_stays_lossless(monkeypatch, tmp_path):
     monkeypatch.setattr(attention, "_probe_few_rows", lambda *a: attention.ROWS)
     torch._dynamo.reset()
     target, eager = tiny_target("llama"), tiny_target("llama")
-    target.compile()
+    target.compile(batched=True)
     graph = target.load_graph()
     assert isinstance(graph, ByQueryRows) and graph.path.is_file() and target.aot_path().is_file()
+    solo = tiny_target("llama")  # compiled for one stream: the one-row graph alone (loaded from disk, not compiled)
+    solo.compile()
+    assert not isinstance(solo.load_graph(), ByQueryRows) and solo.aot_path() == target.aot_path()
     widths = {"one": [], "few": []}
     for name in widths:
         run = getattr(graph, name)

@@ -341,6 +341,7 @@ class Eagle3Drafter(nn.Module):
         self.embed_weight: torch.Tensor | None = None  # the target's, bound by bind_target_embedding
         self._compiled = None  # compile(aot=False): the torch-compiled forward_rows body
         self._aot = None  # compile(aot=True): "pending" until the first static pass builds or loads its graph
+        self._batched = False  # compile(batched=True): a graph per attention form where they differ
         self._graph_file = None  # compile(aot=True): (path, key) of that graph, once computed
         self.compiles = 0  # graphs compiled during this drafter's compiled passes
 
@@ -446,13 +447,14 @@ class Eagle3Drafter(nn.Module):
     def aot(self) -> bool:
         return self._aot is not None
 
-    def compile(self, enabled: bool = True, aot: bool | None = None) -> None:
+    def compile(self, enabled: bool = True, aot: bool | None = None, batched: bool = False) -> None:
         """Run decode-time passes over a static cache (`forward_rows` with a ForwardCache that carries
         its mask: decode/drafting.py's passes after the prompt, on slots 0..B-1) through torch.compile,
         as Target.compile does for the target (models/compiled.py): 14-20 % less time per draft, bf16,
         1 thread (benchmarks/bench_drafter_compile.py). Compile it only for decoding: the weights are
         frozen into the graph, so training must not use a compiled drafter. `aot` (default: on a CPU):
-        one graph compiled ahead of time and kept on disk, as the target's (`load_graph`)."""
+        one graph compiled ahead of time and kept on disk, as the target's (`load_graph`); `batched` as there."""
+        self._batched = batched
         if not enabled:
             self._compiled = self._aot = None
             return
@@ -496,7 +498,7 @@ class Eagle3Drafter(nn.Module):
         """Grouped attention's (one-row, few-row) forms in this drafter's graphs (models/attention.py: graph_forms)."""
         c, weight = self.config, self.fc.weight
         return graph_forms(weight.device, weight.dtype, c.num_key_value_heads,
-                           c.num_attention_heads // c.num_key_value_heads, c.head_dim)
+                           c.num_attention_heads // c.num_key_value_heads, c.head_dim, self._batched)
 
     def _aot_body(self, token_ids, x_in, position_ids, rows, mask, cache):
         return rows_forward(self, token_ids, x_in, position_ids, cache, mask, rows)

@@ -79,6 +79,7 @@ class Target:
         self.set_aux_layers(aux_layer_ids or default_aux_layer_ids(self.num_layers))
         self._compiled = None  # compile(): the inductor-compiled forward_rows body
         self._aot = None  # compile(aot=True): "pending" until the first static forward builds or loads the graph
+        self._batched = False  # compile(batched=True): a graph per attention form where they differ
         self._weights_key = None  # compile(aot=True): (the stock weights' digest, fused), in the graph's name
         self._digest = None  # weights_digest of the weights as loaded, computed once (~0.3 s)
         self.compiles = 0  # graphs compiled during this target's compiled forwards (see forward_rows)
@@ -92,7 +93,7 @@ class Target:
         """Compiled ahead of time (compile(aot=True)): one graph file per model and machine."""
         return self._aot is not None
 
-    def compile(self, enabled: bool = True, fuse: bool = True, aot: bool | None = None) -> None:
+    def compile(self, enabled: bool = True, fuse: bool = True, aot: bool | None = None, batched: bool = False) -> None:
         """Run decode and verify forwards (`forward_rows` with a static cache, see decode/batch.py)
         through an inductor graph with the weights frozen, so on CPU each linear layer uses oneDNN's
         prepacked kernels and the small ops between them fuse. Prefills stay eager.
@@ -106,7 +107,10 @@ class Target:
         graphs serve every step (a plain step, a verify, at batch 1 or more), ~60 s each, in every
         process (inductor's disk cache skips graphs with prepacked constants). `fuse`: q/k/v and gate/up
         first become one product each (models/packed.py, stock weights the frozen graph packs): inductor
-        calls each linear layer on its own, 7 calls a layer where 4 do (session 45)."""
+        calls each linear layer on its own, 7 calls a layer where 4 do (session 45). `batched`: the steps will
+        be rounds of several sequences (a server's), so a second graph where grouped attention's few-row form differs
+        (models/attention.py: graph_forms)."""
+        self._batched = batched
         if not enabled:
             self._compiled = self._aot = None
             return
@@ -258,7 +262,7 @@ class Target:
     def _graph_forms(self) -> tuple[str, str]:
         """Grouped attention's (one-row, few-row) forms in this target's graphs (models/attention.py: graph_forms)."""
         weight, (kv_heads, groups, head_dim) = self.embed_weight, self._attention_shape()
-        return graph_forms(weight.device, weight.dtype, kv_heads, groups, head_dim) \
+        return graph_forms(weight.device, weight.dtype, kv_heads, groups, head_dim, self._batched) \
             if uses_grouped_attention(self.model) else (GQA, GQA)
 
     def _graph_key(self, fuse: bool = True) -> tuple[Path, str]:
