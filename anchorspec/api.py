@@ -300,7 +300,8 @@ def load(target: str, drafter: str | None = None, dtype: str = "auto", threads: 
     if compile:
         loaded.compile(batched=batched)
         if d is not None:
-            d.compile(aot=loaded.aot, batched=batched)  # the target's way: both ahead of time on a CPU, torch.compile on CUDA
+            # the target's way: both ahead of time on a CPU, torch.compile on CUDA
+            d.compile(aot=loaded.aot, batched=batched)
     if remember is None:
         remember = switched_on("ANCHORSPEC_REMEMBER")
     costs_file, pack_drafter = None, None  # None: Engine packs the drafter as the target's weights are

@@ -22,9 +22,9 @@ as the dtype probe is); longer ones (prefills, catch-ups) take `enable_gqa`, whi
 bf16, 1 thread, µs per call): 16 sequences x 2 rows over 150 keys 650 (`enable_gqa`) against 418 (group-as-rows),
 4 x 4 over 256 254 against 167, but 16 x 1 231 against 375 and 1 x 512 causal 2,326 against 2,570; in float32 every
 shape was 6-25 % faster with `enable_gqa`. A compiled step graph has one body for every T and is traced in one form
-(`traced_in`); where the two verdicts differ, a model compiled for batched rounds (a server's) keeps a graph per form and steps of 2..FEW_ROWS rows take the
-few-row one (models/compiled.py: ByQueryRows): in the target's graphs at 16 sequences a 2-token verify took 53.6 ms
-in group-as-rows against 68.6 in `enable_gqa`, a plain step 47.7 against 43.0. (Both forms as `torch.cond` branches
+(`traced_in`); where the two verdicts differ, a model compiled for batched rounds (a server's) keeps a graph per form
+and steps of 2..FEW_ROWS rows take the few-row one (models/compiled.py: ByQueryRows): in the target's graphs at 16
+sequences a 2-token verify took 53.6 ms in group-as-rows against 68.6 in `enable_gqa`, a plain step 47.7 against 43.0. (Both forms as `torch.cond` branches
 of one graph computed wrong logits for T >= 2 in SmolLM2's bf16 graph, though not in small models'.) The forms
 compute the same dot products and softmax per row; equality with the stock path is tested, and lossless decoding does
 not depend on it (plain and speculative steps share this function)."""
@@ -134,8 +134,8 @@ def graph_forms(device: torch.device, dtype: torch.dtype, kv_heads: int, groups:
     which cannot time anything), else GQA for both. The few-row verdict only for a `batched` model (a server's:
     several sequences a round), else the one-row form for both: one graph per model. A second graph set doubled a
     new user's first demo (253 -> 519 s, 0.78 -> 1.6 GB of graphs) and bought one stream nothing measurable (1.27x
-    and 1.36x plain without it, 1.23x and 1.24x with; AMX Xeon, bf16, 2 threads, session 88). ANCHORSPEC_FEW_ROWS_GRAPH=off:
-    one graph per model even when batched."""
+    and 1.36x plain without it, 1.23x and 1.24x with; AMX Xeon, bf16, 2 threads, session 88).
+    ANCHORSPEC_FEW_ROWS_GRAPH=off: one graph per model even when batched."""
     from .hub import switched_on
 
     if groups < 2 or device.type != "cpu":

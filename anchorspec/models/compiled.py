@@ -33,6 +33,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..errors import AnchorspecError
+from .attention import FEW_ROWS, traced_in
 
 # api.load(compile="auto") compiles the step graphs when a run asks for at least this many new tokens. Compiling
 # took 72-95 s (target) plus 13 s (drafter) on 2 cores; the graphs saved 1/37.3 - 1/61.8 s a plain token
@@ -236,8 +237,6 @@ def step_graph(owner: torch.nn.Module, body: Callable, example_of: Callable[...,
     """_form_graph in grouped attention's one-row form (`forms`: models/attention.py's graph_forms; `key` names that
     form's graph); where the few-row form differs, a second graph traced in it, which steps of 2..FEW_ROWS new tokens
     a row take (ByQueryRows). None where no graph can be compiled."""
-    from .attention import traced_in
-
     one, few = forms
     with traced_in(one):
         first = _form_graph(owner, body, example_of, args, layers, key, what)
@@ -264,8 +263,6 @@ class ByQueryRows:
         self.one, self.few, self.few_form, self.path = one, few, few_form, path  # path: the few-row graph's file
 
     def __call__(self, args, mask, rows, cols, keys, values):
-        from .attention import FEW_ROWS
-
         graph = self.few if 1 < mask.shape[2] <= FEW_ROWS else self.one
         return graph(args, mask, rows, cols, keys, values)
 

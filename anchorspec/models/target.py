@@ -100,8 +100,8 @@ class Target:
 
         `aot` (default: on a CPU): one graph compiled ahead of time (`load_graph`, models/compiled.py),
         every size dynamic, kept on disk per model and machine: ~75-95 s to compile for SmolLM2-135M on 2
-        cores the first time (twice where grouped attention takes two forms: models/attention.py), 2-3 s to load
-        after (session 46: the plain loop 2.19x HF `generate` in bf16 on an AMX Xeon, against 1.72x with
+        cores the first time (twice, batched, where grouped attention takes two forms: models/attention.py), 2-3 s
+        to load after (session 46: the plain loop 2.19x HF `generate` in bf16 on an AMX Xeon, against 1.72x with
         torch.compile). Otherwise (CUDA) torch.compile: batch size, new
         tokens per row, rows kept, key length and the cache's slots and capacity are dynamic, so a few
         graphs serve every step (a plain step, a verify, at batch 1 or more), ~60 s each, in every
